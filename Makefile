@@ -1,0 +1,44 @@
+# The two commands that matter are `make run` and `make test`; both set everything up.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+BUNDLES_STAMP := assets/bundles/.built
+
+.PHONY: run test lint typecheck unit slow setup system-deps bundles clean
+
+run: setup
+	$(BIN)/omni-edge run assets/pipelines/add.yaml --out .omni-edge-run
+
+test: setup lint
+	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+
+slow: setup
+	HYPOTHESIS_PROFILE=slow $(BIN)/pytest -m slow $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+setup: system-deps $(STAMP) $(BUNDLES_STAMP)
+
+system-deps:
+	@sh packaging/system-deps.sh
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+$(BUNDLES_STAMP): $(STAMP) assets/build_demos.py
+	$(PY) assets/build_demos.py --out assets/bundles
+	touch $(BUNDLES_STAMP)
+
+bundles: $(BUNDLES_STAMP)
+
+clean:
+	rm -rf $(VENV) assets/bundles build dist .mypy_cache .ruff_cache .pytest_cache .omni-edge-run

@@ -1,0 +1,210 @@
+"""Buffer descriptors: what a raw tensor buffer is, before its bytes are touched.
+
+Every tensor that crosses a process boundary is described by a descriptor that
+carries its owner, generation, exact byte size, dtype and shape. The size must equal
+the product of the shape times the item size, so a receiver can check a descriptor
+completely before allocating anything.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+#: Largest byte count a descriptor may name (fits a signed 64-bit length everywhere).
+MAX_BUFFER_BYTES = 2**63 - 1
+#: NumPy's own limit on array dimensions.
+MAX_DIMS = 64
+
+
+class DType(enum.Enum):
+    """The closed set of element types: every tensor type NumPy can hold as plain data."""
+
+    BOOL = "bool"
+    INT8 = "int8"
+    INT16 = "int16"
+    INT32 = "int32"
+    INT64 = "int64"
+    UINT8 = "uint8"
+    UINT16 = "uint16"
+    UINT32 = "uint32"
+    UINT64 = "uint64"
+    FLOAT16 = "float16"
+    FLOAT32 = "float32"
+    FLOAT64 = "float64"
+
+    @property
+    def itemsize(self) -> int:
+        return _ITEMSIZE[self]
+
+    @classmethod
+    def parse(cls, value: object) -> DType:
+        if isinstance(value, str):
+            try:
+                return cls(value)
+            except ValueError:
+                pass
+        raise DescriptorError(
+            "bad_dtype",
+            f"dtype {value!r} is not supported; accepted: {', '.join(d.value for d in cls)}",
+        )
+
+
+_ITEMSIZE: dict[DType, int] = {
+    DType.BOOL: 1,
+    DType.INT8: 1,
+    DType.INT16: 2,
+    DType.INT32: 4,
+    DType.INT64: 8,
+    DType.UINT8: 1,
+    DType.UINT16: 2,
+    DType.UINT32: 4,
+    DType.UINT64: 8,
+    DType.FLOAT16: 2,
+    DType.FLOAT32: 4,
+    DType.FLOAT64: 8,
+}
+
+
+class DescriptorError(ValueError):
+    """A buffer descriptor is malformed. ``code`` is a stable machine-readable name."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, slots=True)
+class BufferDescriptor:
+    """One raw buffer: who owns it, which generation, and exactly what it holds.
+
+    ``location`` is ``None`` when the bytes travel inline in the frame payload, or the
+    name of a shared-memory segment that holds them (same OS domain only).
+    """
+
+    owner: str
+    generation: int
+    nbytes: int
+    dtype: DType
+    shape: tuple[int, ...]
+    location: str | None = None
+
+    def __post_init__(self) -> None:
+        _validate(self.owner, self.generation, self.nbytes, self.shape, self.dtype, self.location)
+
+    @classmethod
+    def for_array(
+        cls,
+        owner: str,
+        generation: int,
+        dtype: DType,
+        shape: tuple[int, ...],
+        location: str | None = None,
+    ) -> BufferDescriptor:
+        """Build a descriptor whose size is derived from dtype and shape."""
+        return cls(owner, generation, math.prod(shape) * dtype.itemsize, dtype, shape, location)
+
+    @property
+    def inline(self) -> bool:
+        return self.location is None
+
+    def to_wire(self) -> dict[str, Any]:
+        wire: dict[str, Any] = {
+            "owner": self.owner,
+            "generation": self.generation,
+            "nbytes": self.nbytes,
+            "dtype": self.dtype.value,
+            "shape": list(self.shape),
+        }
+        if self.location is not None:
+            wire["location"] = self.location
+        return wire
+
+    @classmethod
+    def from_wire(cls, wire: object) -> BufferDescriptor:
+        """Parse and fully validate a descriptor from its JSON form."""
+        if not isinstance(wire, Mapping):
+            raise DescriptorError("bad_descriptor", "a buffer descriptor must be a JSON object")
+        allowed = {"owner", "generation", "nbytes", "dtype", "shape", "location"}
+        extra = sorted(set(wire) - allowed)
+        if extra:
+            raise DescriptorError(
+                "bad_descriptor",
+                f"unknown descriptor field(s) {extra}; accepted: {sorted(allowed)}",
+            )
+        missing = sorted({"owner", "generation", "nbytes", "dtype", "shape"} - set(wire))
+        if missing:
+            raise DescriptorError("bad_descriptor", f"descriptor is missing {missing}")
+        shape = wire["shape"]
+        if not isinstance(shape, list):
+            raise DescriptorError("bad_descriptor", "descriptor shape must be a list of integers")
+        dtype = DType.parse(wire["dtype"])
+        location = wire.get("location")
+        _validate(wire["owner"], wire["generation"], wire["nbytes"], shape, dtype, location)
+        return cls(wire["owner"], wire["generation"], wire["nbytes"], dtype, tuple(shape), location)
+
+
+def _validate(
+    owner: object,
+    generation: object,
+    nbytes: object,
+    shape: object,
+    dtype: object,
+    location: object,
+) -> None:
+    if not isinstance(owner, str) or not owner or len(owner) > 256:
+        raise DescriptorError(
+            "bad_descriptor",
+            f"descriptor owner {owner!r:.40} must be a non-empty string of at most 256 characters",
+        )
+    if not _is_int(generation) or not 0 <= generation <= MAX_BUFFER_BYTES:  # type: ignore[operator]
+        raise DescriptorError(
+            "bad_descriptor", f"descriptor generation {generation!r} must be an integer >= 0"
+        )
+    if not _is_int(nbytes):
+        raise DescriptorError("bad_descriptor", f"descriptor nbytes {nbytes!r} is not an integer")
+    assert isinstance(nbytes, int)
+    if nbytes < 0:
+        raise DescriptorError("negative_length", f"descriptor nbytes {nbytes} is negative")
+    if nbytes > MAX_BUFFER_BYTES:
+        raise DescriptorError("length_overflow", f"descriptor nbytes {nbytes} overflows 63 bits")
+    if not isinstance(shape, (list, tuple)):
+        raise DescriptorError("bad_descriptor", "descriptor shape must be a list of integers")
+    if len(shape) > MAX_DIMS:
+        raise DescriptorError(
+            "bad_descriptor", f"descriptor has {len(shape)} dimensions; at most {MAX_DIMS}"
+        )
+    for dim in shape:
+        if not _is_int(dim):
+            raise DescriptorError("bad_descriptor", f"shape dimension {dim!r} is not an integer")
+        if dim < 0:
+            raise DescriptorError("negative_length", f"shape dimension {dim} is negative")
+        if dim > MAX_BUFFER_BYTES:
+            raise DescriptorError("length_overflow", f"shape dimension {dim} overflows 63 bits")
+    if not isinstance(dtype, DType):
+        raise DescriptorError("bad_dtype", f"dtype {dtype!r} is not a DType")
+    # Zero dimensions are skipped, as NumPy does: [0, 2**62, 2**62] cannot be reshaped either.
+    if math.prod(dim for dim in shape if dim) * dtype.itemsize > MAX_BUFFER_BYTES:
+        raise DescriptorError(
+            "length_overflow", f"shape {list(shape)} of {dtype.value} overflows 63 bits"
+        )
+    expected = math.prod(shape) * dtype.itemsize
+    if expected != nbytes:
+        raise DescriptorError(
+            "size_mismatch",
+            f"descriptor nbytes {nbytes} != {expected} "
+            f"(shape {list(shape)} x {dtype.itemsize}-byte {dtype.value})",
+        )
+    if location is not None and (
+        not isinstance(location, str) or not location or len(location) > 255
+    ):
+        raise DescriptorError(
+            "bad_descriptor", "descriptor location must be a shared-memory name or absent"
+        )

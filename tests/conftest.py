@@ -1,0 +1,83 @@
+"""Test-wide setup: headless Qt, and a guard that fails any test leaving residue behind."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+SHM_DIR = Path("/dev/shm")
+GRACE_S = 3.0
+
+
+def _shm_entries() -> set[str]:
+    try:
+        return {entry.name for entry in SHM_DIR.iterdir()}
+    except OSError:
+        return set()
+
+
+def _live_children() -> list[psutil.Process]:
+    alive = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                alive.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return alive
+
+
+def _describe(process: psutil.Process) -> str:
+    try:
+        return f"{process.pid} {' '.join(process.cmdline()[:4])}"
+    except psutil.Error:
+        return str(process.pid)
+
+
+def _outstanding_reservations() -> list[object]:
+    try:
+        from runtime.ledger import outstanding_reservations
+    except ImportError:
+        return []
+    return list(outstanding_reservations())
+
+
+@pytest.fixture(autouse=True)
+def no_residue(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test that leaves a child process, a shared-memory segment or a reservation."""
+    shm_before = _shm_entries()
+    reservations_before = len(_outstanding_reservations())
+    yield
+    deadline = time.monotonic() + GRACE_S
+    while True:
+        children = _live_children()
+        new_shm = _shm_entries() - shm_before
+        reservations = _outstanding_reservations()
+        if len(reservations) <= reservations_before:
+            reservations = []
+        if not (children or new_shm or reservations) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    problems = []
+    if children:
+        problems.append("child processes left running: " + ", ".join(map(_describe, children)))
+        for child in children:
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
+    if new_shm:
+        problems.append(f"shared memory left in /dev/shm: {sorted(new_shm)}")
+        for name in new_shm:
+            (SHM_DIR / name).unlink(missing_ok=True)
+    if reservations:
+        problems.append(f"ledger reservations left: {reservations}")
+    if problems:
+        pytest.fail(f"{request.node.nodeid} left residue: " + "; ".join(problems))

@@ -1,0 +1,1 @@
+"""Small importable modules that tests name in pipeline files."""
