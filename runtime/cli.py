@@ -11,10 +11,13 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, OmniError
+
+if TYPE_CHECKING:
+    from .devices import DeviceSelection, Topology
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -42,10 +45,56 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_REFUSED
 
 
+def _topology(args: argparse.Namespace) -> Topology:
+    from .devices import discover_topology, load_topology
+
+    return load_topology(args.topology) if args.topology else discover_topology()
+
+
+def _selection(args: argparse.Namespace) -> DeviceSelection | None:
+    from .devices import DeviceSelection
+
+    if not args.devices:
+        return None
+    return DeviceSelection(frozenset(part for part in args.devices.split(",") if part))
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    from .devices import DeviceSelection, load_selection, save_selection, selection_path
+
+    topology = _topology(args)
+    selection = load_selection()
+    changed = False
+    if args.allow_all:
+        selection, changed = DeviceSelection(), True
+    for physical_id in args.allow:
+        selection, changed = selection.allow(topology, physical_id), True
+    for physical_id in args.exclude:
+        selection, changed = selection.exclude(topology, physical_id), True
+    if changed:
+        save_selection(selection)
+    if args.json:
+        document = topology.to_dict()
+        document["selection"] = {
+            "allowed": None if selection.allowed is None else sorted(selection.allowed),
+            "file": str(selection_path()),
+        }
+        _print_json(document)
+        return EXIT_OK
+    print(topology.to_table())
+    if selection.allowed is None:
+        print("device selection: all devices allowed")
+    else:
+        print(f"device selection: only {', '.join(sorted(selection.allowed))}")
+    if changed:
+        print(f"saved to {selection_path()}")
+    return EXIT_OK
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from .planning import plan_pipeline
 
-    plan = plan_pipeline(args.pipeline)
+    plan = plan_pipeline(args.pipeline, topology=_topology(args), selection=_selection(args))
     if args.json:
         _print_json(plan.to_json())
     else:
@@ -73,6 +122,100 @@ def cmd_bundle_create(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _add_machine_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--topology",
+        metavar="FILE",
+        help="check against the machine described in FILE instead of discovering this one",
+    )
+    parser.add_argument(
+        "--devices",
+        metavar="ID[,ID...]",
+        help="allow only these device ids for this command (default: the saved selection)",
+    )
+
+
+def _load_npz(path: str, what: str) -> dict[str, Any]:
+    import numpy as np
+
+    from .errors import UsageError
+
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {name: archive[name] for name in archive.files}
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{what} {path}: not a readable .npz of arrays ({exc})") from None
+
+
+def _compare(
+    outputs: dict[str, Any], expected: dict[str, Any], atol: float, rtol: float
+) -> list[str]:
+    import numpy as np
+
+    problems = []
+    for name, reference in expected.items():
+        if name not in outputs:
+            problems.append(f"output {name!r} is missing (outputs: {sorted(outputs)})")
+            continue
+        actual = outputs[name]
+        if actual.shape != reference.shape:
+            problems.append(f"{name}: shape {actual.shape} != expected {reference.shape}")
+        elif not np.allclose(actual, reference, atol=atol, rtol=rtol):
+            error = float(np.max(np.abs(actual.astype(np.float64) - reference)))
+            problems.append(f"{name}: max abs error {error:g} exceeds atol {atol} / rtol {rtol}")
+    return problems
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from .api import Omni
+    from .errors import EXIT_FAILED
+
+    inputs = _load_npz(args.inputs, "--inputs") if args.inputs else None
+    expected = _load_npz(args.expect, "--expect") if args.expect else None
+    out = Path(args.out) if args.out else None
+    with Omni.from_yaml(
+        args.pipeline, topology=_topology(args) if args.topology else None,
+        selection=_selection(args),
+    ) as omni:
+        outputs = omni.run(inputs)
+        plan = omni.execution_plan
+        metrics = omni.metrics()
+    problems = [] if expected is None else _compare(outputs, expected, args.atol, args.rtol)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        np.savez(out / "outputs.npz", **outputs)
+        (out / "execution_plan.json").write_text(json.dumps(plan, indent=2) + "\n")
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    summary = {
+        "pipeline": plan.get("pipeline"),
+        "outputs": {
+            name: {"dtype": str(a.dtype), "shape": list(a.shape)} for name, a in outputs.items()
+        },
+        "expect": None if expected is None else {"ok": not problems, "problems": problems},
+        "out": None if out is None else str(out),
+    }
+    if args.json:
+        _print_json(summary)
+    else:
+        for name, array in outputs.items():
+            print(f"{name}: {array.dtype} {list(array.shape)}")
+        for stage in plan.get("stages", []):
+            placement = stage.get("placement") or {}
+            print(
+                f"{stage['stage']}: pid {stage['worker']['pid']} "
+                f"{placement.get('counts')} fraction on target {placement.get('fraction_on_target')}"
+            )
+        if expected is not None:
+            print("matches --expect" if not problems else "MISMATCH with --expect:")
+        for problem in problems:
+            print(f"  {problem}")
+        if out is not None:
+            print(f"wrote {out / 'outputs.npz'}, execution_plan.json, metrics.json")
+    return EXIT_FAILED if problems else EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="omni-edge",
@@ -91,7 +234,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("pipeline", help="pipeline YAML file")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    _add_machine_args(plan)
     plan.set_defaults(handler=cmd_plan)
+
+    run = commands.add_parser("run", help="run a pipeline once and save its outputs")
+    run.add_argument("pipeline", help="pipeline YAML file")
+    run.add_argument("--inputs", metavar="X.npz", help="inputs (default: the example inputs)")
+    run.add_argument(
+        "--out", metavar="DIR", help="write outputs.npz, execution_plan.json, metrics.json"
+    )
+    run.add_argument("--expect", metavar="REF.npz", help="compare outputs with a reference")
+    run.add_argument("--atol", type=float, default=1e-6, help="absolute tolerance (1e-6)")
+    run.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance (1e-5)")
+    run.add_argument("--json", action="store_true", help="print a JSON summary")
+    _add_machine_args(run)
+    run.set_defaults(handler=cmd_run)
+
+    devices = commands.add_parser(
+        "devices", help="list this machine's devices and memory constraints; choose devices"
+    )
+    devices.add_argument("--json", action="store_true", help="print the topology as JSON")
+    devices.add_argument(
+        "--topology", metavar="FILE", help="describe the machine in FILE instead of this one"
+    )
+    devices.add_argument(
+        "--allow", action="append", default=[], metavar="ID", help="allow a device (saved)"
+    )
+    devices.add_argument(
+        "--exclude", action="append", default=[], metavar="ID", help="exclude a device (saved)"
+    )
+    devices.add_argument("--allow-all", action="store_true", help="allow every device (saved)")
+    devices.set_defaults(handler=cmd_devices)
 
     bundle = commands.add_parser("bundle", help="create artifact bundles")
     bundle_commands = bundle.add_subparsers(dest="bundle_command", required=True, metavar="ACTION")
@@ -126,6 +299,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("omni-edge: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def studio_main(argv: Sequence[str] | None = None) -> int:
+    """``omni-edge-studio [PIPELINE.yaml]``: run a pipeline (default: the add demo) headless.
+
+    This build has no desktop window; it runs the pipeline once and prints its results.
+    """
+    from .host import default_project_root
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    pipeline = args[0] if args else str(default_project_root() / "assets/pipelines/add.yaml")
+    print("omni-edge-studio: this build has no desktop window; running the pipeline headless")
+    return main(["run", pipeline, *args[1:]])
 
 
 if __name__ == "__main__":

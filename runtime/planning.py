@@ -12,6 +12,17 @@ from typing import Any
 
 from .artifacts import BundleReport, inspect_bundle
 from .config import PipelineConfig, load_pipeline
+from .devices import (
+    DeviceSelection,
+    Topology,
+    check_route_device,
+    discover_topology,
+    free_shortfalls,
+    load_selection,
+    observed_free,
+)
+from .contracts import ExecutionDomain
+from .errors import DeviceExcluded
 from .ledger import BudgetExplanation, explain_budget, format_bytes
 
 
@@ -24,12 +35,14 @@ class StagePlan:
     route: dict[str, Any]
     demands: dict[str, int]
     bundle: BundleReport | None
+    device: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "stage": self.name,
             "backend": self.backend,
             "route": self.route,
+            "device": self.device,
             "demands": self.demands,
             "bundle": None if self.bundle is None else self.bundle.to_json(),
         }
@@ -40,6 +53,7 @@ class PipelinePlan:
     """The outcome of ``plan``: admitted only when every check passed."""
 
     config: PipelineConfig
+    topology: Topology
     stages: tuple[StagePlan, ...]
     budget: BudgetExplanation
     warnings: tuple[str, ...] = ()
@@ -53,6 +67,7 @@ class PipelinePlan:
         return {
             "pipeline": self.config.pipeline,
             "source": None if self.config.source is None else str(self.config.source),
+            "topology": self.topology.source,
             "admitted": self.admitted,
             "refusals": list(self.refusals),
             "warnings": list(self.warnings),
@@ -61,14 +76,18 @@ class PipelinePlan:
         }
 
     def to_text(self) -> str:
-        lines = [f"pipeline {self.config.pipeline} ({self.config.source})"]
+        lines = [
+            f"pipeline {self.config.pipeline} ({self.config.source})",
+            f"machine: {self.topology.source}",
+        ]
         for stage in self.stages:
             route = stage.route
             bundle = stage.bundle
             status = "no bundle" if bundle is None else ("verified" if bundle.ok else "REFUSED")
             lines.append(
                 f"  {stage.name}: {stage.backend} via route {route.get('name')} "
-                f"({route.get('ep')}, {route.get('os_domain')}); bundle {status}"
+                f"({route.get('ep')}, {route.get('os_domain')}) on {stage.device or 'no device'}; "
+                f"bundle {status}"
             )
         lines.append("memory budget (declared pre-load ceilings):")
         lines.extend(f"  {line}" for line in self.budget.to_text().splitlines())
@@ -92,15 +111,52 @@ def _route_json(config: PipelineConfig, index: int) -> dict[str, Any]:
     }
 
 
-def plan_pipeline(path: str | Path) -> PipelinePlan:
-    """Validate, verify and explain a pipeline. Raises ConfigError for invalid files."""
+def route_domain(machine: Topology, os_domain: str) -> ExecutionDomain:
+    """The execution domain a route's worker runs in on ``machine``."""
+    if os_domain == "windows":
+        return ExecutionDomain.WINDOWS
+    return ExecutionDomain.WSL if machine.wsl else ExecutionDomain.POSIX
+
+
+def plan_pipeline(
+    path: str | Path,
+    *,
+    topology: Topology | None = None,
+    selection: DeviceSelection | None = None,
+) -> PipelinePlan:
+    """Validate, verify and explain a pipeline. Raises ConfigError for invalid files.
+
+    ``topology`` replaces discovery (to check a plan for another machine); ``selection``
+    defaults to the user's saved device selection.
+    """
     config = load_pipeline(path)
+    machine = topology if topology is not None else discover_topology()
+    allowed = selection if selection is not None else load_selection()
     stages: list[StagePlan] = []
     refusals: list[str] = []
+    warnings: list[str] = []
     for index, stage in enumerate(config.stages):
+        route = stage.backend.route
         report = inspect_bundle(stage.backend.manifest)
         if not report.ok:
             refusals.extend(f"{stage.name}: {error}" for error in report.errors)
+        device_name = None
+        try:
+            device = check_route_device(
+                machine, allowed, ep=route.ep, target_provider=route.target_provider,
+                stage=stage.name,
+            )
+        except DeviceExcluded as exc:
+            refusals.append(f"device: {exc}")
+        else:
+            device_name = f"{device.name} ({device.physical_id})"
+            charged = machine.charges(device.physical_id, route_domain(machine, route.os_domain))
+            missing = [c for c in charged if c not in stage.resource_budget.demands]
+            if missing:
+                warnings.append(
+                    f"{stage.name} runs on {device.name}, which draws on {', '.join(charged)}, "
+                    f"but demands nothing of {', '.join(missing)}"
+                )
         stages.append(
             StagePlan(
                 name=stage.name,
@@ -108,7 +164,18 @@ def plan_pipeline(path: str | Path) -> PipelinePlan:
                 route=_route_json(config, index),
                 demands=dict(stage.resource_budget.demands),
                 bundle=report,
+                device=device_name,
             )
+        )
+    for constraint in config.capacities:
+        if constraint not in machine.constraints:
+            warnings.append(
+                f"the pipeline declares {constraint}, which {machine.source} does not have"
+            )
+    for shortfall in free_shortfalls(config.capacities, observed_free(machine)):
+        warnings.append(
+            f"{shortfall.constraint}: the declared capacity {format_bytes(shortfall.capacity)} "
+            f"exceeds the {format_bytes(shortfall.free)} free now; loading may fail or swap"
         )
     budget = explain_budget(config.capacities, config.demands_by_stage())
     for constraint in budget.constraints:
@@ -121,7 +188,9 @@ def plan_pipeline(path: str | Path) -> PipelinePlan:
             )
     return PipelinePlan(
         config=config,
+        topology=machine,
         stages=tuple(stages),
         budget=budget,
+        warnings=tuple(warnings),
         refusals=tuple(refusals),
     )

@@ -61,9 +61,10 @@ def negotiate(
     known: frozenset[str] = KNOWN_FEATURES,
 ) -> Negotiated:
     """Agree on a version and feature set with a peer's announcement."""
-    if version != PROTOCOL_VERSION:
+    # type() rather than ==: a JSON true must not pass for version 1.
+    if type(version) is not int or version != PROTOCOL_VERSION:
         raise FeatureError(
-            f"peer speaks protocol version {version}; this side speaks {PROTOCOL_VERSION}"
+            f"peer speaks protocol version {version!r}; this side speaks {PROTOCOL_VERSION}"
         )
     required = tuple(required)
     check_required(required, known)

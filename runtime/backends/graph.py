@@ -1,0 +1,568 @@
+"""``external.graph.v1``: one complete, stateless graph call per request, in a worker process.
+
+The client owns its worker process, its framed channel and its stage reservation. It
+keeps the seed's flow rules: one in-flight call and one retained result per client;
+delivery does not free the slot, acknowledgement does; cancelling fences the request
+at once, and cancelling an *active* call retires the worker (the stage then stays
+unusable until the pipeline is recreated).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from runtime.artifacts import VerifiedBundle, load_example_inputs
+from runtime.backends.base import CallResult, StageRecord, TensorSpec
+from runtime.backends.placement import PlacementReport, gate_placement
+from runtime.contracts import FrameLimits, RequestKey
+from runtime.contracts.messages import (
+    ByeMessage,
+    CallMessage,
+    CancelMessage,
+    ErrorMessage,
+    LoadMessage,
+    ReadyMessage,
+    ResultMessage,
+    ShutdownMessage,
+    WORKER_TO_CONTROLLER,
+    decode_message,
+)
+from runtime.engine.events import EventBus, WorkerRetired
+from runtime.errors import (
+    ExecutionError,
+    ModelError,
+    OmniError,
+    PlacementRefused,
+    RequestCancelled,
+    ResourceUnavailable,
+    WorkerDied,
+)
+from runtime.host import (
+    LaunchSpec,
+    RetireOutcome,
+    WorkerProcess,
+    default_project_root,
+    is_frozen,
+    resolve_interpreter,
+    spawn_worker,
+    worker_argv,
+    worker_environment,
+)
+from runtime.host.launch import current_os_domain
+from runtime.transport.channel import (
+    ChannelClosed,
+    FramedChannel,
+    ProtocolError,
+    frame_acks,
+    start_reader_thread,
+)
+from runtime.transport.handshake import expect_hello
+from runtime.transport.shm import new_prefix, sweep_segments
+
+if TYPE_CHECKING:
+    from runtime.config import StageConfig
+    from runtime.contracts.codec import Frame
+    from runtime.contracts.messages import Message
+    from runtime.ledger import ResourceLedger, StageReservation
+
+log = logging.getLogger("omni.backends.graph")
+
+BACKEND_NAME = "external.graph.v1"
+
+
+@dataclass(frozen=True, slots=True)
+class GraphTimeouts:
+    """Deadlines of the graph client, in seconds."""
+
+    hello_s: float = 30.0
+    load_s: float = 300.0
+    retire_s: float = 5.0
+    #: Deadline for retiring a worker whose active call was cancelled (the stated bound).
+    cancel_retire_s: float = 3.0
+    shutdown_s: float = 2.0
+
+
+class StageRetired(ExecutionError):
+    """The stage's worker was retired; recreate the pipeline to use this stage again."""
+
+
+class GraphStageClient:
+    """The engine's client for one ``external.graph.v1`` stage."""
+
+    def __init__(
+        self,
+        stage: StageConfig,
+        *,
+        bundle: VerifiedBundle,
+        ledger: ResourceLedger,
+        reservation: StageReservation,
+        generation: int,
+        events: EventBus | None = None,
+        timeouts: GraphTimeouts | None = None,
+    ) -> None:
+        self.name = stage.name
+        self.stage = stage
+        self.route = stage.backend.route
+        self.bundle = bundle
+        self.generation = generation
+        self.timeouts = timeouts or GraphTimeouts()
+        self._ledger = ledger
+        self._reservation: StageReservation | None = reservation
+        self._events = events
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._worker: WorkerProcess | None = None
+        self._channel: FramedChannel | None = None
+        self._shm_prefix: str | None = None
+        self._ready: ReadyMessage | None = None
+        self._placement: PlacementReport | None = None
+        self._inputs: tuple[TensorSpec, ...] = ()
+        self._outputs: tuple[TensorSpec, ...] = ()
+        self._call_id = 0
+        self._pending: dict[int, tuple[RequestKey, asyncio.Future[Any]]] = {}
+        self._load_future: asyncio.Future[Any] | None = None
+        self._bye: asyncio.Future[None] | None = None
+        self._slot: RequestKey | None = None
+        self._running = False
+        self._failure: OmniError | None = None
+        self._retire_task: asyncio.Task[RetireOutcome | None] | None = None
+        self._closed = False
+
+    # -- state -----------------------------------------------------------------------
+
+    @property
+    def usable(self) -> bool:
+        return self._failure is None and not self._closed and self._ready is not None
+
+    @property
+    def failure(self) -> OmniError | None:
+        return self._failure
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        return self._inputs
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        return self._outputs
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._worker is None else self._worker.pid
+
+    @property
+    def slot(self) -> RequestKey | None:
+        """The request holding this stage's slot (in flight or retained), if any."""
+        return self._slot
+
+    def example_inputs(self) -> dict[str, np.ndarray]:
+        return load_example_inputs(self.bundle)
+
+    # -- start -----------------------------------------------------------------------
+
+    def _launch_spec(self) -> LaunchSpec:
+        frozen = is_frozen()
+        interpreter = resolve_interpreter(
+            self.route.interpreter, frozen=frozen, os_domain=self.route.os_domain
+        )
+        argv = worker_argv(interpreter, self.route.worker, frozen=frozen)
+        env = worker_environment(
+            dict(self.route.env), generation=self.generation, project_root=default_project_root()
+        )
+        return LaunchSpec(argv=argv, env=env, cwd=None, os_domain=self.route.os_domain)
+
+    async def start(self) -> StageRecord:
+        """Spawn, handshake, load, warm up and pass the placement gate."""
+        self._loop = asyncio.get_running_loop()
+        same_domain = self.route.os_domain == current_os_domain()
+        self._worker = spawn_worker(self._launch_spec(), f"{self.name}-g{self.generation}")
+        if same_domain:
+            self._shm_prefix = new_prefix(os.getpid(), self.generation)
+        # Room for the largest call (inputs plus outputs) and its header.
+        limits = FrameLimits(max_total_bytes=max(self.route.max_io_bytes, 1 << 20) + (2 << 20))
+        self._channel = FramedChannel(
+            self._worker.stdout,
+            self._worker.stdin,
+            name=self.name,
+            limits=limits,
+            shm_prefix=self._shm_prefix,
+            same_domain=same_domain,
+        )
+        channel, worker = self._channel, self._worker
+        try:
+            await self._loop.run_in_executor(
+                None,
+                lambda: expect_hello(
+                    channel,
+                    expected_generation=self.generation,
+                    expected_pid=worker.pid,
+                    timeout_s=self.timeouts.hello_s,
+                ),
+            )
+        except ChannelClosed as exc:
+            raise self._died("exited before its handshake") from exc
+        self._load_future = self._loop.create_future()
+        start_reader_thread(channel, self._on_frame_thread, self._on_closed_thread)
+        target = self.route.target_provider
+        providers = (target, *(p for p in self.route.allowed_providers if p != target))
+        load = LoadMessage(
+            manifest_path=str(self.bundle.manifest_path),
+            expected_identity=self.bundle.identity,
+            providers=providers,
+            allowed_providers=tuple(self.route.allowed_providers),
+            target_provider=target,
+            max_io_bytes=self.route.max_io_bytes,
+            min_fraction_on_target=self.route.min_fraction_on_target,
+            shm_prefix=self._shm_prefix,
+        )
+        channel.send_message(load, owner=self.name, generation=self.generation)
+        try:
+            message = await asyncio.wait_for(self._load_future, self.timeouts.load_s)
+        except TimeoutError:
+            raise ExecutionError(
+                f"{self.name}: the worker did not finish loading within {self.timeouts.load_s} s"
+            ) from None
+        assert isinstance(message, ReadyMessage)
+        report = PlacementReport(
+            counts=dict(message.placement),
+            total_nodes=message.total_nodes,
+            method=message.placement_method,
+            target_provider=target,
+        )
+        self._placement = report
+        gate_placement(
+            report,
+            allowed_providers=self.route.allowed_providers,
+            target_provider=target,
+            min_fraction_on_target=self.route.min_fraction_on_target,
+            stage=self.name,
+        )
+        self._inputs = tuple(_spec(s) for s in message.inputs)
+        self._outputs = tuple(_spec(s) for s in message.outputs)
+        self._ready = message
+        return self.record()
+
+    def record(self) -> StageRecord:
+        """This stage's entry of ``execution_plan`` (labelled B: backend execution)."""
+        ready = self._ready
+        reservation = self._reservation
+        detail: dict[str, Any] = {
+            "label": "B",
+            "manifest": {
+                "path": str(self.bundle.manifest_path),
+                "identity": self.bundle.identity,
+                "component": self.bundle.manifest.component,
+            },
+            "worker": {
+                "pid": self.pid,
+                "generation": self.generation,
+                "argv": [] if self._worker is None else list(self._launch_spec().argv),
+            },
+            "route": {
+                "name": self.route.name,
+                "interpreter": self.route.interpreter,
+                "worker": self.route.worker,
+                "ep": self.route.ep,
+                "os_domain": self.route.os_domain,
+                "max_io_bytes": self.route.max_io_bytes,
+                "min_fraction_on_target": self.route.min_fraction_on_target,
+                "allowed_providers": list(self.route.allowed_providers),
+            },
+            "reservation": None
+            if reservation is None
+            else {"id": reservation.id, "amounts": dict(reservation.amounts)},
+            "placement": None if self._placement is None else self._placement.to_json(),
+            "inputs": [spec.to_json() for spec in self._inputs],
+            "outputs": [spec.to_json() for spec in self._outputs],
+            "load_s": None if ready is None else ready.load_s,
+            "warmup_s": None if ready is None else ready.warmup_s,
+            "worker_rss_bytes": None if ready is None else ready.rss_bytes,
+            "usable": self.usable,
+            "failure": None if self._failure is None else str(self._failure),
+        }
+        return StageRecord(stage=self.name, backend=BACKEND_NAME, detail=detail)
+
+    # -- frames from the worker (reader thread -> loop) ----------------------------------
+
+    def _on_frame_thread(self, frame: Frame) -> None:
+        """Reader thread: decode, copy buffers out and acknowledge them, then hop to the loop."""
+        channel = self._channel
+        assert channel is not None and self._loop is not None
+        try:
+            message = decode_message(frame, WORKER_TO_CONTROLLER)
+            arrays: dict[str, np.ndarray] = {}
+            if isinstance(message, ResultMessage):
+                arrays, acks = channel.arrays_from_frame(frame, message.output_names)
+                channel.send_acks(acks)
+        except (ValueError, ExecutionError) as exc:
+            acks = frame_acks(frame)
+            if acks:
+                try:
+                    channel.send_acks(acks)
+                except ExecutionError:
+                    pass
+            error = exc if isinstance(exc, ExecutionError) else ProtocolError(
+                str(exc), code=getattr(exc, "code", "bad_message"), channel=self.name
+            )
+            self._loop.call_soon_threadsafe(self._fail, error)
+            return
+        self._loop.call_soon_threadsafe(self._on_message, message, arrays, frame)
+
+    def _on_closed_thread(self, error: BaseException | None) -> None:
+        if self._loop is None or self._loop.is_closed():
+            return
+        self._loop.call_soon_threadsafe(self._on_closed, error)
+
+    def _on_message(self, message: Message, arrays: dict[str, np.ndarray], frame: Frame) -> None:
+        if isinstance(message, ReadyMessage):
+            if self._load_future is not None and not self._load_future.done():
+                self._load_future.set_result(message)
+            return
+        if isinstance(message, ResultMessage):
+            entry = self._pending.pop(message.call_id, None)
+            if entry is None or entry[0].epoch != message.epoch:
+                log.info("%s: dropped a stale result of call %d", self.name, message.call_id)
+                return
+            key, future = entry
+            if not future.done():
+                future.set_result((message, arrays, sum(len(p or b"") for p in frame.payloads)))
+            return
+        if isinstance(message, ErrorMessage):
+            self._on_error(message)
+            return
+        if isinstance(message, ByeMessage):
+            if self._bye is not None and not self._bye.done():
+                self._bye.set_result(None)
+            return
+        if message.KIND == "ack":
+            assert self._channel is not None
+            owner = getattr(message, "owner", "")
+            generation = getattr(message, "generation", -1)
+            if not self._channel.acknowledge(owner, generation):
+                log.debug("%s: ignored a stale acknowledgement %s/%s", self.name, owner, generation)
+
+    def _on_error(self, message: ErrorMessage) -> None:
+        if message.call_id is None or message.fatal:
+            error: OmniError = (
+                PlacementRefused(f"{self.name}: {message.message}")
+                if message.code in ("provider_absent", "placement")
+                else ModelError(f"{self.name}: worker error {message.code}: {message.message}")
+            )
+            if self._load_future is not None and not self._load_future.done():
+                self._load_future.set_exception(error)
+            if message.fatal:
+                self._fail(error)
+            return
+        entry = self._pending.pop(message.call_id, None)
+        if entry is None:
+            return
+        _, future = entry
+        if future.done():
+            return
+        if message.code == "cancelled":
+            future.set_exception(RequestCancelled(f"{self.name}: call cancelled"))
+        else:
+            future.set_exception(
+                ModelError(f"{self.name}: {message.code}: {message.message}")
+            )
+
+    def _on_closed(self, error: BaseException | None) -> None:
+        if self._closed and error is None:
+            return
+        if isinstance(error, ProtocolError):
+            self._fail(error)
+        else:
+            self._fail(self._died("closed its output stream"))
+
+    def _died(self, what: str) -> WorkerDied:
+        worker = self._worker
+        code = None if worker is None else worker.wait_exit(0.5)
+        tail = () if worker is None else worker.stderr_tail()[-5:]
+        exit_text = "is still running" if code is None else f"exit code {code}"
+        last = f"; last log lines: {' | '.join(tail)}" if tail else ""
+        pid = None if worker is None else worker.pid
+        return WorkerDied(f"{self.name}: worker pid {pid} {what} ({exit_text}){last}")
+
+    def _fail(self, error: OmniError) -> None:
+        """The worker is unusable: fail everything waiting on it and retire it."""
+        if self._failure is None:
+            self._failure = error
+            log.warning("%s: %s", self.name, error)
+        for _, future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+        self._pending.clear()
+        if self._load_future is not None and not self._load_future.done():
+            self._load_future.set_exception(error)
+        if self._bye is not None and not self._bye.done():
+            self._bye.set_result(None)
+        self._schedule_retire(str(error), self.timeouts.retire_s)
+
+    # -- calls -----------------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self._failure is not None:
+            raise StageRetired(
+                f"{self.name} is unusable ({self._failure}); recreate the pipeline to use it again"
+            )
+        if self._closed or self._ready is None:
+            raise StageRetired(f"{self.name} is not running")
+
+    async def call(self, key: RequestKey, inputs: Mapping[str, np.ndarray]) -> CallResult:
+        self._check_usable()
+        if self._slot is not None:
+            raise ResourceUnavailable(
+                f"{self.name} is busy with {self._slot.request_id}: one call and one retained "
+                "result at a time; acknowledge or cancel it first"
+            )
+        assert self._loop is not None and self._channel is not None
+        self._call_id += 1
+        call_id = self._call_id
+        names = tuple(inputs)
+        message = CallMessage(
+            call_id=call_id, request_id=key.request_id, epoch=key.epoch, input_names=names
+        )
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._pending[call_id] = (key, future)
+        self._slot = key
+        self._running = True
+        channel = self._channel
+        bytes_in = sum(int(np.asarray(a).nbytes) for a in inputs.values())
+        started = time.perf_counter()
+        try:
+            try:
+                await self._loop.run_in_executor(
+                    None,
+                    lambda: channel.send_message(
+                        message, dict(inputs), owner=self.name, generation=call_id
+                    ),
+                )
+            except ChannelClosed:
+                self._pending.pop(call_id, None)
+                raise self._failure or self._died("stopped reading its input") from None
+            result, arrays, _ = await future
+        except BaseException:
+            self._running = False
+            if self._slot == key and (self._failure is not None or not self._pending):
+                self._slot = None
+            raise
+        self._running = False
+        return CallResult(
+            key=key,
+            outputs=arrays,
+            run_s=result.run_s,
+            round_trip_s=time.perf_counter() - started,
+            bytes_in=bytes_in,
+            bytes_out=sum(int(a.nbytes) for a in arrays.values()),
+        )
+
+    def acknowledge(self, key: RequestKey) -> bool:
+        if self._slot is None or self._slot != key or self._running:
+            return False
+        self._slot = None
+        return True
+
+    async def cancel(self, key: RequestKey) -> None:
+        if self._slot is None or self._slot.request_id != key.request_id:
+            return
+        if not self._running:
+            self._slot = None
+            return
+        # An active call: fence it now, ask the worker to stop between nodes, and retire it.
+        for call_id, (pending_key, future) in list(self._pending.items()):
+            if pending_key.request_id == key.request_id:
+                del self._pending[call_id]
+                if self._channel is not None:
+                    try:
+                        self._channel.send_message(CancelMessage(call_id), owner=self.name)
+                    except ExecutionError:
+                        pass
+                if not future.done():
+                    future.set_exception(RequestCancelled(f"{self.name}: call cancelled"))
+        self._slot = None
+        if self._failure is None:
+            self._failure = StageRetired(
+                f"{self.name}: its worker was retired after an active call was cancelled"
+            )
+        await self._retire(str(self._failure), self.timeouts.cancel_retire_s)
+
+    # -- retirement ------------------------------------------------------------------
+
+    def _schedule_retire(self, reason: str, deadline_s: float) -> None:
+        if self._retire_task is None and self._loop is not None:
+            self._retire_task = self._loop.create_task(self._retire_once(reason, deadline_s))
+
+    async def _retire(self, reason: str, deadline_s: float) -> RetireOutcome | None:
+        self._schedule_retire(reason, deadline_s)
+        assert self._retire_task is not None
+        return await asyncio.shield(self._retire_task)
+
+    async def _retire_once(self, reason: str, deadline_s: float) -> RetireOutcome | None:
+        worker = self._worker
+        outcome: RetireOutcome | None = None
+        if worker is not None:
+            loop = asyncio.get_running_loop()
+            outcome = await loop.run_in_executor(None, worker.retire, deadline_s)
+        if self._channel is not None:
+            self._channel.close()
+        if self._shm_prefix is not None:
+            sweep_segments(self._shm_prefix)
+        self._settle_reservation(outcome)
+        if outcome is not None and self._events is not None:
+            self._events.publish(
+                WorkerRetired(
+                    stage=self.name,
+                    pid=outcome.pid,
+                    reason=reason,
+                    confirmed_gone=outcome.confirmed_gone,
+                )
+            )
+        return outcome
+
+    def _settle_reservation(self, outcome: RetireOutcome | None) -> None:
+        reservation, self._reservation = self._reservation, None
+        if reservation is None:
+            return
+        why = None if outcome is None else outcome.quarantine_reason
+        if why is None:
+            self._ledger.release(reservation.id)
+        else:
+            self._ledger.quarantine(reservation.id, why)
+
+    async def close(self) -> None:
+        """Shut the worker down (sentinel, then bounded retirement) and settle the ledger."""
+        if self._closed:
+            if self._retire_task is not None:
+                await asyncio.shield(self._retire_task)
+            return
+        self._closed = True
+        for _, future in self._pending.values():
+            if not future.done():
+                future.set_exception(StageRetired(f"{self.name} was closed"))
+        self._pending.clear()
+        channel = self._channel
+        if self._failure is None and channel is not None and self._loop is not None:
+            self._bye = self._loop.create_future()
+            try:
+                channel.send_message(ShutdownMessage(), owner=self.name)
+                await asyncio.wait_for(self._bye, self.timeouts.shutdown_s)
+            except (ExecutionError, TimeoutError):
+                pass
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        await self._retire("pipeline closed", self.timeouts.retire_s)
+
+
+def _spec(wire: Any) -> TensorSpec:
+    return TensorSpec(
+        name=wire.name,
+        dtype=wire.dtype.value,
+        shape=tuple(int(d) if isinstance(d, int) else -1 for d in wire.shape),
+    )

@@ -1,0 +1,1 @@
+"""The engine: stage runtime, orchestrator and the events they publish."""

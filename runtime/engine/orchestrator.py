@@ -1,0 +1,412 @@
+"""The orchestrator: one pipeline's stages, driven by an asyncio loop in its own thread.
+
+It admits one graph request at a time (the seed's rule; extra work gets
+``ResourceUnavailable`` unless the pipeline sets a bounded ``max_queued``), moves each
+request through the stages with the model-owned handoff transform, copies handoffs
+before acknowledging, publishes typed events and owns every worker through its
+``StageRuntime``. All public methods are thread-safe and never run on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from runtime.config import resolve_callable
+from runtime.contracts import RequestKey, new_request_id
+from runtime.engine.events import (
+    EventBus,
+    PipelineClosed,
+    PipelineReady,
+    RequestAdmitted,
+    RequestFinished,
+    RequestOutputReady,
+    StageCallFinished,
+)
+from runtime.engine.outputs import END, OmniRequestOutput, OutputStream
+from runtime.engine.stage_runtime import StageRuntime
+from runtime.errors import (
+    ExecutionError,
+    ModelError,
+    OmniError,
+    RequestCancelled,
+    ResourceUnavailable,
+    UsageError,
+)
+from runtime.ledger import ResourceLedger
+
+if TYPE_CHECKING:
+    from runtime.backends.graph import GraphStageClient, GraphTimeouts
+    from runtime.config import PipelineConfig
+    from runtime.devices import DeviceSelection, Topology
+
+log = logging.getLogger("omni.engine.orchestrator")
+
+Transform = Callable[[Mapping[str, np.ndarray]], Mapping[str, Any]]
+
+#: How long ``close`` waits for the loop thread after everything was retired.
+JOIN_DEADLINE_S = 10.0
+
+
+@dataclass(eq=False)
+class Request:
+    """One request's state, owned by the loop (``stream`` is the thread-safe part)."""
+
+    request_id: str
+    inputs: Mapping[str, np.ndarray] | None
+    key: RequestKey
+    stream: OutputStream = field(default_factory=OutputStream)
+    submitted_at: float = field(default_factory=time.perf_counter)
+    task: asyncio.Task[None] | None = None
+    acknowledged: asyncio.Future[None] | None = None
+    cancelled: bool = False
+    stage_metrics: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Orchestrator:
+    """Runs one pipeline. Start it, submit requests, cancel, close."""
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        *,
+        ledger: ResourceLedger | None = None,
+        events: EventBus | None = None,
+        topology: Topology | None = None,
+        selection: DeviceSelection | None = None,
+        timeouts: GraphTimeouts | None = None,
+    ) -> None:
+        self.config = config
+        self.ledger = ledger if ledger is not None else ResourceLedger(name=config.pipeline)
+        self.events = events if events is not None else EventBus()
+        self._runtime = StageRuntime(
+            config,
+            ledger=self.ledger,
+            events=self.events,
+            topology=topology,
+            selection=selection,
+            timeouts=timeouts,
+        )
+        self._transforms: dict[int, Transform] = {}
+        for stage in config.stages:
+            if stage.custom_process_input_func is not None:
+                self._transforms[stage.stage_id] = resolve_callable(
+                    stage.custom_process_input_func,
+                    file=str(config.source),
+                    line=stage.location.line,
+                    key=f"stages[{stage.stage_id}].custom_process_input_func",
+                )
+        self._lock = threading.Lock()
+        self._active: Request | None = None
+        self._queue: deque[Request] = deque()
+        self._requests: dict[str, Request] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._state = "new"  # new -> running -> closed
+        self._execution_plan: dict[str, Any] = {}
+        self._completed: list[dict[str, Any]] = []
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> dict[str, Any]:
+        """Start the loop thread and every stage; blocks until ready or raises (unwound)."""
+        with self._lock:
+            if self._state != "new":
+                raise UsageError(f"pipeline {self.config.pipeline} was already started")
+            self._state = "starting"
+        ready: cf.Future[asyncio.AbstractEventLoop] = cf.Future()
+        self._thread = threading.Thread(
+            target=self._run_loop, args=(ready,), name=f"omni-{self.config.pipeline}", daemon=True
+        )
+        self._thread.start()
+        self._loop = ready.result()
+        try:
+            asyncio.run_coroutine_threadsafe(self._runtime.start(), self._loop).result()
+        except BaseException:
+            self._stop_loop()
+            with self._lock:
+                self._state = "closed"
+            raise
+        self._execution_plan = self._runtime.execution_plan()
+        with self._lock:
+            self._state = "running"
+        self.events.publish(
+            PipelineReady(pipeline=self.config.pipeline, execution_plan=self._execution_plan)
+        )
+        return self._execution_plan
+
+    def _run_loop(self, ready: cf.Future[asyncio.AbstractEventLoop]) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        ready.set_result(loop)
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+            loop.close()
+
+    def _stop_loop(self) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(loop.stop)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(JOIN_DEADLINE_S)
+            if thread.is_alive():
+                log.error("orchestrator thread of %s did not stop", self.config.pipeline)
+
+    def close(self) -> None:
+        """Cancel every request, retire every worker, settle the ledger, stop the thread."""
+        with self._lock:
+            if self._state in ("closed", "closing", "new"):
+                self._state = "closed"
+                return
+            self._state = "closing"
+        assert self._loop is not None
+        try:
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result()
+        finally:
+            self._stop_loop()
+            with self._lock:
+                self._state = "closed"
+            self.events.publish(PipelineClosed(pipeline=self.config.pipeline))
+
+    async def _shutdown(self) -> None:
+        requests = list(self._requests.values())
+        for request in requests:
+            await self._cancel(request, "the pipeline was closed")
+        await self._runtime.close()
+
+    def __enter__(self) -> Orchestrator:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- information -----------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._state == "running"
+
+    @property
+    def execution_plan(self) -> dict[str, Any]:
+        return self._execution_plan
+
+    @property
+    def clients(self) -> list[GraphStageClient]:
+        return list(self._runtime.clients)
+
+    def example_inputs(self) -> dict[str, np.ndarray]:
+        """The first stage's example inputs (the default request)."""
+        return self._runtime.clients[0].example_inputs()
+
+    def metrics(self) -> dict[str, Any]:
+        """Per-stage metrics of every finished request, and totals per stage."""
+        with self._lock:
+            completed = list(self._completed)
+        per_stage: dict[str, dict[str, float]] = {}
+        for request in completed:
+            for entry in request["stages"]:
+                totals = per_stage.setdefault(
+                    entry["stage"],
+                    {"calls": 0, "queue_s": 0.0, "run_s": 0.0, "transfer_s": 0.0,
+                     "bytes_in": 0, "bytes_out": 0},
+                )
+                totals["calls"] += 1
+                for name in ("queue_s", "run_s", "transfer_s", "bytes_in", "bytes_out"):
+                    totals[name] += entry[name]
+        return {"pipeline": self.config.pipeline, "requests": completed, "stages": per_stage}
+
+    # -- requests (any thread) -------------------------------------------------------
+
+    def submit(
+        self, inputs: Mapping[str, np.ndarray] | None = None, *, request_id: str | None = None
+    ) -> Request:
+        """Admit a request or raise ``ResourceUnavailable`` (nothing is queued silently)."""
+        request_id = request_id or new_request_id()
+        request = Request(
+            request_id=request_id,
+            inputs=None if inputs is None else dict(inputs),
+            key=RequestKey(request_id),
+        )
+        with self._lock:
+            if self._state != "running":
+                raise UsageError(f"pipeline {self.config.pipeline} is not running ({self._state})")
+            if request_id in self._requests:
+                raise UsageError(f"request id {request_id} is already in use")
+            if self._active is None:
+                self._active = request
+                queued = False
+            elif len(self._queue) < self.config.max_queued:
+                self._queue.append(request)
+                queued = True
+            else:
+                limit = (
+                    "graph pipelines admit one request at a time"
+                    if self.config.max_queued == 0
+                    else f"the queue holds at most {self.config.max_queued}"
+                )
+                raise ResourceUnavailable(
+                    f"pipeline {self.config.pipeline} is busy with {self._active.request_id} "
+                    f"({limit}); consume or cancel it, then retry"
+                )
+            self._requests[request_id] = request
+        self.events.publish(RequestAdmitted(request_id=request_id, queued=queued))
+        if not queued:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._launch, request)
+        return request
+
+    def cancel(self, request_id: str, *, wait: bool = True) -> bool:
+        """Cancel a request; returns False when it is unknown or already finished."""
+        with self._lock:
+            request = self._requests.get(request_id)
+            if request is None or self._state != "running":
+                return False
+        assert self._loop is not None
+        future = asyncio.run_coroutine_threadsafe(
+            self._cancel(request, f"request {request_id} was cancelled"), self._loop
+        )
+        if wait:
+            future.result()
+        return True
+
+    def release(self, request: Request) -> None:
+        """The consumer acknowledged the request's final output (thread-safe, idempotent)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+
+        def settle() -> None:
+            if request.acknowledged is not None and not request.acknowledged.done():
+                request.acknowledged.set_result(None)
+
+        loop.call_soon_threadsafe(settle)
+
+    # -- requests (loop) -------------------------------------------------------------
+
+    def _launch(self, request: Request) -> None:
+        assert self._loop is not None
+        request.task = self._loop.create_task(self._execute(request))
+
+    async def _execute(self, request: Request) -> None:
+        clients = self._runtime.clients
+        status, message = "completed", ""
+        try:
+            inputs: Mapping[str, np.ndarray] = (
+                request.inputs if request.inputs is not None else clients[0].example_inputs()
+            )
+            last = len(clients) - 1
+            for index, client in enumerate(clients):
+                started = time.perf_counter()
+                result = await client.call(request.key, inputs)
+                entry = {
+                    "stage": client.name,
+                    "queue_s": max(0.0, started - request.submitted_at) if index == 0 else 0.0,
+                    "run_s": result.run_s,
+                    "transfer_s": result.transfer_s,
+                    "bytes_in": result.bytes_in,
+                    "bytes_out": result.bytes_out,
+                }
+                request.stage_metrics.append(entry)
+                self.events.publish(StageCallFinished(request_id=request.request_id, **entry))
+                if index < last:
+                    inputs = self._handoff(clients[index + 1].stage.stage_id, result.outputs)
+                    client.acknowledge(request.key)
+                    continue
+                loop = asyncio.get_running_loop()
+                request.acknowledged = loop.create_future()
+                output = OmniRequestOutput(
+                    request_id=request.request_id,
+                    stage=client.name,
+                    outputs=dict(result.outputs),
+                    finished=True,
+                    metrics={"stages": list(request.stage_metrics)},
+                    _release=lambda: self.release(request),
+                )
+                request.stream.put(output)
+                self.events.publish(
+                    RequestOutputReady(
+                        request_id=request.request_id, stage=client.name, index=0, finished=True
+                    )
+                )
+                await request.acknowledged
+                client.acknowledge(request.key)
+            request.stream.put(END)
+        except asyncio.CancelledError:
+            status, message = "cancelled", "cancelled"
+        except RequestCancelled as exc:
+            status, message = "cancelled", str(exc)
+            request.stream.put(exc)
+        except OmniError as exc:
+            status, message = "failed", str(exc)
+            request.stream.put(exc)
+        except Exception as exc:  # the request's top level reports what it caught
+            log.exception("request %s failed", request.request_id)
+            status, message = "failed", f"{type(exc).__name__}: {exc}"
+            request.stream.put(ExecutionError(message))
+        finally:
+            if status != "completed":
+                for client in clients:
+                    await client.cancel(request.key)
+            self._finish(request, status, message)
+
+    def _handoff(self, stage_id: int, outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the model-owned transform and copy its tensors (before acknowledgement)."""
+        transform = self._transforms.get(stage_id)
+        if transform is None:
+            raise UsageError(f"stage-{stage_id} has no custom_process_input_func")
+        handed = transform(outputs)
+        tensors = handed.get("tensors") if isinstance(handed, Mapping) else None
+        if not isinstance(tensors, Mapping) or not tensors:
+            raise ModelError(
+                f"stage-{stage_id}'s custom_process_input_func must return "
+                f"{{'tensors': {{name: array}}}}, got {type(handed).__name__}"
+            )
+        return {str(name): np.array(value, copy=True) for name, value in tensors.items()}
+
+    async def _cancel(self, request: Request, reason: str) -> None:
+        if request.cancelled or request.stream.closed:
+            return
+        request.cancelled = True
+        request.stream.put(RequestCancelled(reason))
+        old_key = request.key
+        request.key = old_key.fenced()
+        with self._lock:
+            queued = request in self._queue
+            if queued:
+                self._queue.remove(request)
+        if queued:
+            self._finish(request, "cancelled", reason)
+            return
+        for client in self._runtime.clients:
+            await client.cancel(old_key)
+        if request.task is not None and not request.task.done():
+            request.task.cancel()
+            await asyncio.gather(request.task, return_exceptions=True)
+
+    def _finish(self, request: Request, status: str, message: str) -> None:
+        with self._lock:
+            self._requests.pop(request.request_id, None)
+            if self._active is request:
+                self._active = self._queue.popleft() if self._queue else None
+            following = self._active
+            self._completed.append(
+                {"request_id": request.request_id, "status": status, "stages": request.stage_metrics}
+            )
+            del self._completed[:-1000]
+        self.events.publish(
+            RequestFinished(request_id=request.request_id, status=status, message=message)
+        )
+        if following is not None and following.task is None and following is not request:
+            self._launch(following)

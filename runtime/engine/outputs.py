@@ -1,0 +1,84 @@
+"""What a request yields: ``OmniRequestOutput`` and the thread-safe stream that carries it."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(slots=True, eq=False)
+class OmniRequestOutput:
+    """One output of a request.
+
+    ``outputs`` are the application's own arrays. The stage that produced them keeps its
+    slot until :meth:`release_stage_buffers` is called; the public generators call it
+    when iteration advances or closes, direct consumers call it in ``finally``.
+    """
+
+    request_id: str
+    stage: str
+    outputs: Mapping[str, np.ndarray]
+    finished: bool
+    index: int = 0
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+    _release: Callable[[], None] | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def release_stage_buffers(self) -> None:
+        """Acknowledge this output so its stage can take the next request. Idempotent."""
+        with self._lock:
+            release, self._release = self._release, None
+        if release is not None:
+            release()
+
+
+class _End:
+    """Marks the end of a request's stream."""
+
+
+END = _End()
+StreamItem = OmniRequestOutput | BaseException | _End
+
+
+class OutputStream:
+    """A thread-safe queue of a request's outputs, readable from threads and event loops."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: deque[StreamItem] = deque()
+        self._waiters: deque[cf.Future[StreamItem]] = deque()
+        self._closed = False
+
+    def put(self, item: StreamItem) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            if isinstance(item, (BaseException, _End)):
+                self._closed = True
+            while self._waiters:
+                waiter = self._waiters.popleft()
+                if waiter.set_running_or_notify_cancel():
+                    waiter.set_result(item)
+                    return
+            self._items.append(item)
+
+    def next_future(self) -> cf.Future[StreamItem]:
+        """A future that resolves with the next item (immediately if one is queued)."""
+        future: cf.Future[StreamItem] = cf.Future()
+        with self._lock:
+            if self._items:
+                future.set_result(self._items.popleft())
+            else:
+                self._waiters.append(future)
+        return future
+
+    @property
+    def closed(self) -> bool:
+        with self._lock:
+            return self._closed and not self._items

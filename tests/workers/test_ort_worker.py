@@ -1,0 +1,209 @@
+"""The graph worker as a real process, driven over its framed stdio channel."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from runtime.backends.placement import PlacementReport, gate_placement
+from runtime.contracts.buffers import DType
+from runtime.contracts.messages import (
+    ByeMessage,
+    CallMessage,
+    CancelMessage,
+    ErrorMessage,
+    ReadyMessage,
+    ResultMessage,
+    ShutdownMessage,
+    TensorSpec,
+)
+from runtime.host.launch import GENERATION_VARIABLE
+from tests.workers.support import (
+    CPU,
+    ENDLESS_STEPS,
+    LOOP_ROWS,
+    LOOP_WIDTH,
+    WorkerProcess,
+    identity_of,
+    loop_reference,
+)
+from workers import ort_worker
+from workers.ort_worker import EXIT_LOAD_FAILED, EXIT_OK
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from pathlib import Path
+
+#: Seconds from sending ``cancel`` to receiving the ``cancelled`` error from a worker process.
+CANCEL_BOUND_S = 1.5
+
+
+def _ready(worker: WorkerProcess, manifest: Path) -> ReadyMessage:
+    worker.channel.send_message(worker.load_message(manifest))
+    message, _ = worker.read()
+    assert isinstance(message, ReadyMessage), message
+    return message
+
+
+def _call(
+    worker: WorkerProcess, call_id: int, arrays: Mapping[str, np.ndarray]
+) -> tuple[object, dict[str, np.ndarray]]:
+    worker.channel.send_message(CallMessage(call_id, "req-1", 0, tuple(arrays)), arrays)
+    message, frame = worker.read()
+    if not isinstance(message, ResultMessage):
+        return message, {}
+    outputs, acks = worker.channel.arrays_from_frame(frame, message.output_names)
+    worker.channel.send_acks(acks)
+    return message, outputs
+
+
+def _shutdown(worker: WorkerProcess) -> None:
+    worker.channel.send_message(ShutdownMessage())
+    message, _ = worker.read()
+    assert isinstance(message, ByeMessage)
+    assert worker.exit_code() == EXIT_OK
+
+
+def test_generation_variable_matches_the_launcher() -> None:
+    assert ort_worker.GENERATION_VARIABLE == GENERATION_VARIABLE
+
+
+@pytest.mark.parametrize("by_path", [False, True], ids=["module", "path"])
+def test_worker_loads_reports_placement_and_serves(
+    spawn_worker: Callable[..., WorkerProcess], add_manifest: Path, by_path: bool
+) -> None:
+    worker = spawn_worker(by_path=by_path)
+    ready = _ready(worker, add_manifest)
+    assert ready.placement == {CPU: ready.total_nodes}
+    assert ready.placement_method == "assignment_info"
+    assert ready.inputs == (
+        TensorSpec("a", DType.FLOAT32, (1024,)),
+        TensorSpec("b", DType.FLOAT32, (1024,)),
+    )
+    assert ready.outputs == (TensorSpec("c", DType.FLOAT32, (1024,)),)
+    assert ready.rss_bytes > 0
+    report = PlacementReport.from_ready(ready, target_provider=CPU)
+    gate_placement(
+        report,
+        allowed_providers=[CPU],
+        target_provider=CPU,
+        min_fraction_on_target=1.0,
+        stage="stage-0",
+    )
+    a = np.arange(1024, dtype=np.float32)
+    b = np.full(1024, 0.5, np.float32)
+    for call_id in (1, 2):
+        result, outputs = _call(worker, call_id, {"a": a, "b": b})
+        assert isinstance(result, ResultMessage)
+        assert result.call_id == call_id
+        np.testing.assert_array_equal(outputs["c"], a + b)
+    _shutdown(worker)
+
+
+def test_worker_serves_external_weights(
+    spawn_worker: Callable[..., WorkerProcess], matmul_manifest: Path
+) -> None:
+    worker = spawn_worker()
+    _ready(worker, matmul_manifest)
+    x = np.ones((1, 4), np.float32)
+    _, outputs = _call(worker, 1, {"x": x})
+    np.testing.assert_allclose(outputs["y"], x @ np.arange(12, dtype=np.float32).reshape(4, 3))
+    _shutdown(worker)
+
+
+def test_worker_refuses_a_tampered_bundle(
+    spawn_worker: Callable[..., WorkerProcess], add_manifest: Path
+) -> None:
+    identity = identity_of(add_manifest)
+    with (add_manifest.parent / "add.onnx").open("ab") as stream:
+        stream.write(b"\0")
+    worker = spawn_worker()
+    worker.channel.send_message(worker.load_message(add_manifest, identity=identity))
+    message, _ = worker.read()
+    assert isinstance(message, ErrorMessage)
+    assert (message.code, message.fatal, message.call_id) == ("hash_mismatch", True, None)
+    assert "add.onnx" in message.message
+    assert worker.exit_code() == EXIT_LOAD_FAILED
+
+
+def test_worker_refuses_an_absent_provider(
+    spawn_worker: Callable[..., WorkerProcess], add_manifest: Path
+) -> None:
+    worker = spawn_worker()
+    cuda = "CUDAExecutionProvider"
+    worker.channel.send_message(worker.load_message(add_manifest, providers=(cuda,)))
+    message, _ = worker.read()
+    assert isinstance(message, ErrorMessage)
+    assert (message.code, message.fatal) == ("provider_absent", True)
+    for provider in ort.get_available_providers():
+        assert provider in message.message
+    assert worker.exit_code() == EXIT_LOAD_FAILED
+
+
+def test_worker_refuses_a_bucket_above_max_io_bytes(
+    spawn_worker: Callable[..., WorkerProcess], add_manifest: Path
+) -> None:
+    worker = spawn_worker()
+    worker.channel.send_message(worker.load_message(add_manifest, max_io_bytes=1000))
+    message, _ = worker.read()
+    assert isinstance(message, ErrorMessage)
+    assert (message.code, message.fatal) == ("too_large", True)
+    assert "12288" in message.message
+    assert worker.exit_code() == EXIT_LOAD_FAILED
+
+
+def test_a_bad_call_is_refused_and_the_worker_keeps_serving(
+    spawn_worker: Callable[..., WorkerProcess], add_manifest: Path
+) -> None:
+    worker = spawn_worker()
+    _ready(worker, add_manifest)
+    wrong = {"a": np.zeros(1024, np.float64), "b": np.zeros(1024, np.float32)}
+    message, _ = _call(worker, 1, wrong)
+    assert isinstance(message, ErrorMessage)
+    assert (message.code, message.fatal, message.call_id) == ("bad_input", False, 1)
+    assert "'a'" in message.message
+    assert "float64" in message.message
+    good = {"a": np.zeros(1024, np.float32), "b": np.ones(1024, np.float32)}
+    result, outputs = _call(worker, 2, good)
+    assert isinstance(result, ResultMessage)
+    np.testing.assert_array_equal(outputs["c"], good["b"])
+    _shutdown(worker)
+
+
+def test_cancel_terminates_a_running_call_and_the_worker_survives(
+    spawn_worker: Callable[..., WorkerProcess], loop_manifest: Path
+) -> None:
+    # The loop's 1 MiB state travels through shared memory both ways.
+    worker = spawn_worker(shm=True)
+    ready = _ready(worker, loop_manifest)
+    assert [spec.name for spec in ready.inputs] == ["x", "n"]
+    x = np.random.default_rng(3).standard_normal((LOOP_ROWS, LOOP_WIDTH)).astype(np.float32)
+    endless = {"x": x, "n": np.array(ENDLESS_STEPS, np.int64)}
+    worker.channel.send_message(CallMessage(1, "req-1", 0, ("x", "n")), endless)
+    time.sleep(0.3)
+    worker.channel.send_message(CallMessage(2, "req-2", 0, ("x", "n")), endless)
+    busy, _ = worker.read()
+    assert isinstance(busy, ErrorMessage)
+    assert (busy.code, busy.call_id, busy.fatal) == ("busy", 2, False)
+    sent = time.monotonic()
+    worker.channel.send_message(CancelMessage(1))
+    cancelled, _ = worker.read()
+    latency = time.monotonic() - sent
+    assert isinstance(cancelled, ErrorMessage)
+    assert (cancelled.code, cancelled.call_id, cancelled.fatal) == ("cancelled", 1, False)
+    assert latency < CANCEL_BOUND_S, f"cancel took {latency:.3f} s"
+    # The same worker completes the next call; its result arrives in shared memory.
+    result, outputs = _call(worker, 3, {"x": x, "n": np.array(3, np.int64)})
+    assert isinstance(result, ResultMessage)
+    np.testing.assert_allclose(outputs["y"], loop_reference(x, 3), rtol=1e-4, atol=1e-5)
+    assert worker.channel.retained_count == 0, "the worker acknowledged every input buffer"
+    worker.channel.send_message(CancelMessage(3))
+    late, _ = worker.read()
+    assert isinstance(late, ErrorMessage)
+    assert (late.code, late.fatal) == ("cancelled", False)
+    assert "not running" in late.message
+    _shutdown(worker)

@@ -1,0 +1,726 @@
+"""The ONNX Runtime core of the graph worker: verify, load, warm up, report placement, run.
+
+The lifecycle is verify -> load -> warm up -> report placement -> serve. Every byte handed
+to ONNX Runtime (graph and external weights) is the byte that was hashed, read once into
+memory, so a file changed on disk after verification can never reach the session.
+
+This module imports only the standard library, NumPy, ONNX Runtime and ``runtime.contracts``
+so that it runs in a minimal worker environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import os
+import posixpath
+import stat
+import threading
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
+import onnxruntime as ort
+from onnxruntime.capi import onnxruntime_pybind11_state as _ort_state
+
+from runtime.contracts.buffers import DescriptorError, DType
+from runtime.contracts.manifest import (
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    ArtifactManifest,
+    ManifestError,
+    check_relative_path,
+)
+from runtime.contracts.messages import TensorSpec
+from workers.errors import WorkerError
+from workers.onnx_wire import WireError, external_data_locations
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+
+__all__ = [
+    "CPU_PROVIDER",
+    "Bucket",
+    "CallOutcome",
+    "CancellableRunner",
+    "LoadedGraph",
+    "PlacementCounts",
+    "RunningCall",
+    "TensorSpec",
+    "WorkerError",
+    "check_call_inputs",
+    "create_session",
+    "describe_spec",
+    "load_verified_graph",
+    "placement_of",
+    "spec_nbytes",
+    "spec_of",
+    "warm_up",
+]
+
+CPU_PROVIDER: Final = "CPUExecutionProvider"
+METHOD_ASSIGNMENT: Final = "assignment_info"
+METHOD_PROFILING: Final = "profiling"
+_RECORD_ASSIGNMENT: Final = "session.record_ep_graph_assignment_info"
+_DISABLE_CPU_FALLBACK: Final = "session.disable_cpu_ep_fallback"
+_EXTERNAL_FOLDER: Final = "session.model_external_initializers_file_folder_path"
+#: Every exception type the ONNX Runtime extension raises (they derive from Exception only).
+_ORT_ERRORS: Final[tuple[type[Exception], ...]] = (
+    *(
+        value
+        for value in vars(_ort_state).values()
+        if isinstance(value, type) and issubclass(value, Exception)
+    ),
+    RuntimeError,
+    ValueError,
+    TypeError,
+)
+
+#: An ONNX Runtime older than 1.24 has no assignment API at all.
+_PLACEMENT_ERRORS: Final[tuple[type[Exception], ...]] = (*_ORT_ERRORS, AttributeError)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def spec_of(name: str, array: np.ndarray) -> TensorSpec:
+    """The wire description of an array: name, dtype and exact shape."""
+    return TensorSpec(name, _dtype_of(array), tuple(int(dim) for dim in array.shape))
+
+
+def spec_nbytes(spec: TensorSpec) -> int:
+    """Bytes of a tensor with a fixed shape (every dimension an integer)."""
+    return math.prod(_fixed_dims(spec)) * spec.dtype.itemsize
+
+
+def describe_spec(spec: TensorSpec) -> str:
+    """``float32[1, 1024]``: how errors show what a tensor is or must be."""
+    return f"{spec.dtype.value}{list(spec.shape)}"
+
+
+def _fixed_dims(spec: TensorSpec) -> tuple[int, ...]:
+    dims = tuple(dim for dim in spec.shape if isinstance(dim, int))
+    if len(dims) != len(spec.shape):
+        raise ValueError(f"tensor {spec.name!r} has no fixed shape: {list(spec.shape)}")
+    return dims
+
+
+def _dtype_of(array: np.ndarray) -> DType:
+    try:
+        return DType.parse(array.dtype.name)
+    except DescriptorError as exc:
+        raise ValueError(str(exc)) from None
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    """The fixed input bucket (from the example inputs) and the outputs it produces."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    def __post_init__(self) -> None:
+        for spec in (*self.inputs, *self.outputs):
+            _fixed_dims(spec)
+
+    @property
+    def input_nbytes(self) -> int:
+        return sum(spec_nbytes(spec) for spec in self.inputs)
+
+    @property
+    def output_nbytes(self) -> int:
+        return sum(spec_nbytes(spec) for spec in self.outputs)
+
+    @property
+    def io_nbytes(self) -> int:
+        return self.input_nbytes + self.output_nbytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "inputs": [spec.to_wire() for spec in self.inputs],
+            "outputs": [spec.to_wire() for spec in self.outputs],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedGraph:
+    """A bundle's graph, external weights and example inputs, read once and verified.
+
+    ``external_data`` maps each location as the graph names it to that file's verified bytes.
+    """
+
+    manifest_path: Path
+    manifest: ArtifactManifest
+    graph_dir: Path
+    graph_bytes: bytes
+    external_data: Mapping[str, bytes]
+    example_inputs: Mapping[str, np.ndarray]
+
+    @property
+    def identity(self) -> str:
+        return self.manifest.identity
+
+    @property
+    def input_specs(self) -> tuple[TensorSpec, ...]:
+        return tuple(spec_of(name, array) for name, array in self.example_inputs.items())
+
+
+def load_verified_graph(manifest_path: str | Path, expected_identity: str) -> LoadedGraph:
+    """Read a bundle's manifest, graph, external data and example inputs, checking every hash.
+
+    The manifest's sha256 must equal ``expected_identity`` (what the controller verified);
+    each file is read once and its in-memory bytes are hashed against the manifest.
+    """
+    path = Path(manifest_path).absolute()
+    if path.is_dir():
+        path = path / MANIFEST_NAME
+    raw = _read_regular(path, MANIFEST_NAME, limit=MAX_MANIFEST_BYTES)
+    actual = _sha256(raw)
+    if actual != expected_identity:
+        raise WorkerError(
+            "hash_mismatch",
+            f"{path}: manifest sha256 is {actual} but the controller verified "
+            f"{expected_identity}; accepted: the exact manifest that was verified "
+            "(the bundle changed after verification)",
+            subject=MANIFEST_NAME,
+        )
+    try:
+        manifest = ArtifactManifest.from_bytes(raw)
+    except ManifestError as exc:
+        raise WorkerError("bad_manifest", f"{path}: {exc}", subject=exc.subject) from None
+    root = path.parent.resolve()
+    graph_name = manifest.graph_file
+    graph_bytes = _read_listed(path, root, manifest, graph_name)
+    try:
+        locations = external_data_locations(graph_bytes)
+    except WireError as exc:
+        raise WorkerError(
+            "bad_graph",
+            f"{path}: graph_file {graph_name!r} is not a readable ONNX model ({exc}); "
+            "accepted: a serialized ONNX ModelProto",
+            subject=graph_name,
+        ) from None
+    graph_dir = posixpath.dirname(graph_name)
+    external: dict[str, bytes] = {}
+    for location in locations:
+        try:
+            check_relative_path(location)
+        except ManifestError as exc:
+            raise WorkerError(
+                "external_data_not_listed",
+                f"{path}: graph_file {graph_name!r} references external data {location!r} "
+                f"({exc}); accepted: a relative path inside the bundle",
+                subject=location,
+            ) from None
+        name = posixpath.join(graph_dir, location) if graph_dir else location
+        if name not in manifest.files:
+            raise WorkerError(
+                "external_data_not_listed",
+                f"{path}: graph_file {graph_name!r} references external data {name!r}, which "
+                "the manifest does not list; accepted: every external-data file listed with "
+                "its sha256",
+                subject=name,
+            )
+        external[location] = _read_listed(path, root, manifest, name)
+    inputs_name = manifest.example_inputs_file
+    examples = _load_examples(path, inputs_name, _read_listed(path, root, manifest, inputs_name))
+    return LoadedGraph(
+        manifest_path=path,
+        manifest=manifest,
+        graph_dir=root.joinpath(*PurePosixPath(graph_dir).parts),
+        graph_bytes=graph_bytes,
+        external_data=MappingProxyType(external),
+        example_inputs=MappingProxyType(examples),
+    )
+
+
+def _read_regular(path: Path, subject: str, *, limit: int | None = None) -> bytes:
+    try:
+        with path.open("rb") as stream:
+            info = os.fstat(stream.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise WorkerError(
+                    "missing_file",
+                    f"{path} is not a regular file; accepted: a regular file",
+                    subject=subject,
+                )
+            if limit is not None and info.st_size > limit:
+                raise WorkerError(
+                    "bad_manifest",
+                    f"{path} is {info.st_size} bytes; accepted: at most {limit}",
+                    subject=subject,
+                )
+            return stream.read()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise WorkerError(
+            "missing_file",
+            f"{path} does not exist; accepted: a file present in the bundle",
+            subject=subject,
+        ) from None
+
+
+def _read_listed(manifest_path: Path, root: Path, manifest: ArtifactManifest, name: str) -> bytes:
+    target = root.joinpath(*PurePosixPath(name).parts).resolve()
+    if not target.is_relative_to(root):
+        raise WorkerError(
+            "symlink_escape",
+            f"{manifest_path}: file {name!r} resolves to {target}, outside the bundle; "
+            "accepted: files inside the bundle directory",
+            subject=name,
+        )
+    data = _read_regular(target, name)
+    actual = _sha256(data)
+    expected = manifest.files[name]
+    if actual != expected:
+        raise WorkerError(
+            "hash_mismatch",
+            f"{manifest_path}: file {name!r} as loaded has sha256 {actual} but the manifest "
+            f"lists {expected}; accepted: the exact bytes the manifest was written for",
+            subject=name,
+        )
+    return data
+
+
+def _load_examples(manifest_path: Path, name: str, data: bytes) -> dict[str, np.ndarray]:
+    accepted = "accepted: an .npz archive of plain numeric or boolean arrays (no pickle)"
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+            arrays = {key: np.asarray(archive[key]) for key in archive.files}
+    except (OSError, ValueError, EOFError, AttributeError, TypeError, zipfile.BadZipFile) as exc:
+        raise WorkerError(
+            "bad_example_inputs",
+            f"{manifest_path}: example_inputs_file {name!r} cannot be loaded ({exc}); {accepted}",
+            subject=name,
+        ) from None
+    if not arrays:
+        raise WorkerError(
+            "bad_example_inputs",
+            f"{manifest_path}: example_inputs_file {name!r} holds no arrays; {accepted}",
+            subject=name,
+        )
+    for key, array in arrays.items():
+        try:
+            _dtype_of(array)
+        except ValueError as exc:
+            raise WorkerError(
+                "bad_example_inputs",
+                f"{manifest_path}: example input {key!r} in {name!r}: {exc}",
+                subject=key,
+            ) from None
+    return arrays
+
+
+def create_session(
+    graph: LoadedGraph,
+    providers: Sequence[str],
+    allowed_providers: Sequence[str],
+    target_provider: str,
+    *,
+    intra_op_threads: int = 0,
+    profile_prefix: Path | None = None,
+) -> ort.InferenceSession:
+    """Create a session from the verified bytes, strictly on the route's providers.
+
+    CPU fallback is disabled when the CPU provider is not allowed, and ONNX Runtime's
+    Python-side retry on the CPU is switched off. Placement is recorded as EP graph
+    assignment info, or, when ``profile_prefix`` is given, as a profile written under it.
+    """
+    _check_route(providers, allowed_providers, target_provider)
+    available = ort.get_available_providers()
+    absent = [provider for provider in providers if provider not in available]
+    if absent:
+        raise WorkerError(
+            "provider_absent",
+            f"execution provider(s) {', '.join(absent)} are not available in this ONNX "
+            f"Runtime build ({ort.__version__}); available: {', '.join(available)}",
+            subject=absent[0],
+        )
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = intra_op_threads
+    options.log_severity_level = 3
+    if profile_prefix is None:
+        options.add_session_config_entry(_RECORD_ASSIGNMENT, "1")
+    else:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(profile_prefix)
+    if CPU_PROVIDER not in allowed_providers:
+        options.add_session_config_entry(_DISABLE_CPU_FALLBACK, "1")
+    # Weights resolve against the graph's folder; every external file is supplied from memory.
+    options.add_session_config_entry(_EXTERNAL_FOLDER, str(graph.graph_dir))
+    if graph.external_data:
+        names = list(graph.external_data)
+        buffers = [graph.external_data[name] for name in names]
+        options.add_external_initializers_from_files_in_memory(
+            names, buffers, [len(buffer) for buffer in buffers]
+        )
+    try:
+        session = ort.InferenceSession(graph.graph_bytes, options, providers=list(providers))
+    except _ORT_ERRORS as exc:
+        strict = (
+            f" (CPU fallback is disabled: {CPU_PROVIDER} is not in allowed_providers "
+            f"{list(allowed_providers)})"
+            if CPU_PROVIDER not in allowed_providers
+            else ""
+        )
+        raise WorkerError(
+            "session_failed",
+            f"ONNX Runtime could not create a session for {graph.manifest.graph_file!r} on "
+            f"{list(providers)}{strict}: {exc}",
+            subject=graph.manifest.graph_file,
+        ) from None
+    session.disable_fallback()
+    dropped = [provider for provider in providers if provider not in session.get_providers()]
+    if dropped:
+        raise WorkerError(
+            "provider_absent",
+            f"ONNX Runtime did not register {', '.join(dropped)} for the session; registered: "
+            f"{', '.join(session.get_providers())}",
+            subject=dropped[0],
+        )
+    return session
+
+
+def _check_route(
+    providers: Sequence[str], allowed_providers: Sequence[str], target_provider: str
+) -> None:
+    if not providers:
+        raise WorkerError(
+            "bad_route", "the route names no execution provider; accepted: at least one"
+        )
+    if len(set(providers)) != len(providers):
+        raise WorkerError(
+            "bad_route", f"providers {list(providers)} repeat a name; accepted: each once"
+        )
+    if target_provider not in providers:
+        raise WorkerError(
+            "bad_route",
+            f"target provider {target_provider!r} is not among the route's providers "
+            f"{list(providers)}; accepted: one of them",
+            subject=target_provider,
+        )
+    outside = [provider for provider in providers if provider not in allowed_providers]
+    if outside:
+        raise WorkerError(
+            "bad_route",
+            f"provider(s) {outside} are not in allowed_providers {list(allowed_providers)}; "
+            "accepted: providers the route allows",
+            subject=outside[0],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementCounts:
+    """Where the session's nodes run: provider -> node count, as ONNX Runtime reported it."""
+
+    counts: Mapping[str, int]
+    total: int
+    method: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"counts": dict(self.counts), "total": self.total, "method": self.method}
+
+
+def placement_of(source: ort.InferenceSession | str | Path) -> PlacementCounts:
+    """Count nodes per provider from a session (assignment info or its profile) or a profile.
+
+    A session created with ``profile_prefix`` ends its profiling here (after warm-up); the
+    profile file it wrote is read and removed.
+    """
+    if isinstance(source, (str, Path)):
+        return _placement_from_profile(Path(source))
+    if source.get_session_options().enable_profiling:
+        profile = Path(source.end_profiling())
+        try:
+            return _placement_from_profile(profile)
+        finally:
+            profile.unlink(missing_ok=True)
+    try:
+        subgraphs = source.get_provider_graph_assignment_info()
+    except _PLACEMENT_ERRORS as exc:
+        raise WorkerError(
+            "placement_unavailable",
+            f"ONNX Runtime {ort.__version__} reported no EP graph assignment ({exc}); accepted: "
+            "a session made by create_session",
+        ) from None
+    counts: dict[str, int] = {}
+    for subgraph in subgraphs:
+        counts[subgraph.ep_name] = counts.get(subgraph.ep_name, 0) + len(subgraph.get_nodes())
+    return _counts(counts, METHOD_ASSIGNMENT)
+
+
+def _placement_from_profile(path: Path) -> PlacementCounts:
+    try:
+        events = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise WorkerError(
+            "placement_unavailable",
+            f"profile {path} cannot be read as JSON ({exc}); accepted: an ONNX Runtime profile",
+            subject=str(path),
+        ) from None
+    if not isinstance(events, list):
+        raise WorkerError(
+            "placement_unavailable",
+            f"profile {path} is not a list of events; accepted: an ONNX Runtime profile",
+            subject=str(path),
+        )
+    nodes: dict[str, str] = {}
+    for event in events:
+        if not isinstance(event, dict) or event.get("cat") != "Node":
+            continue
+        args = event.get("args")
+        name = event.get("name")
+        if not isinstance(args, dict) or not isinstance(name, str):
+            continue
+        provider = args.get("provider")
+        # Each node logs fence and kernel events; one key per node counts it once.
+        key = str(args.get("node_index", name.removesuffix("_kernel_time")))
+        if isinstance(provider, str) and provider:
+            nodes[key] = provider
+    counts: dict[str, int] = {}
+    for provider in nodes.values():
+        counts[provider] = counts.get(provider, 0) + 1
+    if not counts:
+        raise WorkerError(
+            "placement_unavailable",
+            f"profile {path} records no node with a provider; accepted: a profile written "
+            "after at least one run",
+            subject=str(path),
+        )
+    return _counts(counts, METHOD_PROFILING)
+
+
+def _counts(counts: Mapping[str, int], method: str) -> PlacementCounts:
+    ordered = dict(sorted(counts.items()))
+    return PlacementCounts(
+        counts=MappingProxyType(ordered), total=sum(ordered.values()), method=method
+    )
+
+
+def warm_up(session: ort.InferenceSession, example_inputs: Mapping[str, np.ndarray]) -> Bucket:
+    """Run the example inputs once; return the bucket they define and the outputs it yields."""
+    declared = [value.name for value in session.get_inputs()]
+    missing = [name for name in declared if name not in example_inputs]
+    unknown = [name for name in example_inputs if name not in declared]
+    if missing or unknown:
+        raise WorkerError(
+            "bad_example_inputs",
+            f"example inputs {sorted(example_inputs)} do not match the graph inputs {declared}"
+            f" (missing {missing}, not graph inputs {unknown}); accepted: exactly one array "
+            "per graph input",
+            subject=(missing or unknown)[0],
+        )
+    try:
+        results = session.run(None, dict(example_inputs))
+    except _ORT_ERRORS as exc:
+        raise WorkerError(
+            "warmup_failed", f"the warm-up call with the example inputs failed: {exc}"
+        ) from None
+    outputs: list[TensorSpec] = []
+    for value, result in zip(session.get_outputs(), results, strict=True):
+        array = np.asarray(result)
+        try:
+            outputs.append(spec_of(value.name, array))
+        except ValueError as exc:
+            raise WorkerError(
+                "warmup_failed", f"output {value.name!r}: {exc}", subject=value.name
+            ) from None
+    inputs = tuple(spec_of(name, example_inputs[name]) for name in declared)
+    return Bucket(inputs=inputs, outputs=tuple(outputs))
+
+
+def check_call_inputs(arrays: Mapping[str, np.ndarray], bucket: Bucket, max_io_bytes: int) -> None:
+    """Refuse a call unless its inputs are exactly the bucket and inputs + outputs fit."""
+    expected = {spec.name: spec for spec in bucket.inputs}
+    accepted = ", ".join(f"{spec.name}: {describe_spec(spec)}" for spec in bucket.inputs)
+    unknown = [name for name in arrays if name not in expected]
+    if unknown:
+        raise WorkerError(
+            "bad_input",
+            f"input {unknown[0]!r} is not an input of this graph; accepted: {accepted}",
+            subject=unknown[0],
+        )
+    missing = [name for name in expected if name not in arrays]
+    if missing:
+        raise WorkerError(
+            "bad_input",
+            f"input {missing[0]!r} is missing (given: {sorted(arrays)}); accepted: {accepted}",
+            subject=missing[0],
+        )
+    for name, spec in expected.items():
+        array = arrays[name]
+        given = f"{array.dtype.name}{list(array.shape)}"
+        if array.dtype.name != spec.dtype.value:
+            raise WorkerError(
+                "bad_input",
+                f"input {name!r} has dtype {array.dtype.name} ({given}); accepted: "
+                f"{spec.dtype.value} ({describe_spec(spec)})",
+                subject=name,
+            )
+        if tuple(array.shape) != spec.shape:
+            raise WorkerError(
+                "bad_input",
+                f"input {name!r} has shape {list(array.shape)} ({given}); accepted: exactly "
+                f"{list(spec.shape)}, the fixed bucket",
+                subject=name,
+            )
+    total = sum(int(arrays[name].nbytes) for name in expected) + bucket.output_nbytes
+    if total > max_io_bytes:
+        sizes = ", ".join(f"{name} {int(arrays[name].nbytes)}" for name in expected)
+        raise WorkerError(
+            "too_large",
+            f"inputs ({sizes} bytes) plus outputs ({bucket.output_nbytes} bytes) are {total} "
+            f"bytes; accepted: at most max_io_bytes = {max_io_bytes}",
+            subject=bucket.inputs[0].name,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CallOutcome:
+    """How one call ended: outputs, or the error (code ``cancelled`` when terminated)."""
+
+    outputs: Mapping[str, np.ndarray] | None
+    error: WorkerError | None
+    elapsed_s: float
+
+
+class RunningCall:
+    """A call submitted to a :class:`CancellableRunner`."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._outcome: CallOutcome | None = None
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def outcome(self, timeout: float | None = None) -> CallOutcome:
+        """Wait for the call to end; TimeoutError when it has not ended in ``timeout`` s."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"the call did not end within {timeout} s")
+        assert self._outcome is not None
+        return self._outcome
+
+    def wait(self, timeout: float | None = None) -> Mapping[str, np.ndarray]:
+        """The outputs; raises the call's WorkerError (``cancelled``, ``model_error``)."""
+        outcome = self.outcome(timeout)
+        if outcome.error is not None:
+            raise outcome.error
+        assert outcome.outputs is not None
+        return outcome.outputs
+
+    def _finish(self, outcome: CallOutcome) -> None:
+        self._outcome = outcome
+        self._done.set()
+
+
+class CancellableRunner:
+    """Runs one call at a time on its own thread; :meth:`cancel` terminates it between nodes.
+
+    ONNX Runtime checks ``RunOptions.terminate`` between node executions, so a cancelled call
+    ends after the node it is running finishes.
+    """
+
+    def __init__(self, session: ort.InferenceSession, *, name: str = "ort-call") -> None:
+        self._session = session
+        self._name = name
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._active: RunningCall | None = None
+        self._options: ort.RunOptions | None = None
+        self._cancelled = False
+        self._closed = False
+
+    @property
+    def busy(self) -> bool:
+        with self._lock:
+            return self._active is not None
+
+    def submit(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        on_done: Callable[[CallOutcome], None] | None = None,
+    ) -> RunningCall:
+        """Start a call; ``on_done`` runs on the call's thread once it has ended."""
+        call = RunningCall()
+        with self._lock:
+            if self._closed:
+                raise WorkerError("busy", "the runner is closed; accepted: calls before close")
+            if self._active is not None:
+                raise WorkerError("busy", "a call is already running; accepted: one call at a time")
+            options = ort.RunOptions()
+            self._active = call
+            self._options = options
+            self._cancelled = False
+            thread = threading.Thread(
+                target=self._run,
+                args=(call, dict(inputs), options, on_done),
+                name=self._name,
+                daemon=True,
+            )
+            self._thread = thread
+            thread.start()
+        return call
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+        """Submit a call and wait for it; another thread may :meth:`cancel` it meanwhile."""
+        return self.submit(inputs).wait()
+
+    def cancel(self) -> bool:
+        """Terminate the running call; False when no call was running."""
+        with self._lock:
+            if self._active is None or self._options is None:
+                return False
+            self._cancelled = True
+            self._options.terminate = True
+            return True
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Cancel any running call and join its thread (idempotent)."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        self.cancel()
+        if thread is not None:
+            thread.join(timeout)
+
+    def _run(
+        self,
+        call: RunningCall,
+        inputs: dict[str, np.ndarray],
+        options: ort.RunOptions,
+        on_done: Callable[[CallOutcome], None] | None,
+    ) -> None:
+        started = time.monotonic()
+        outputs: dict[str, np.ndarray] | None = None
+        error: WorkerError | None = None
+        try:
+            results = self._session.run(None, inputs, options)
+            names = [value.name for value in self._session.get_outputs()]
+            outputs = {
+                name: np.asarray(result) for name, result in zip(names, results, strict=True)
+            }
+        except _ORT_ERRORS as exc:
+            with self._lock:
+                cancelled = self._cancelled
+            if cancelled:
+                error = WorkerError("cancelled", "the call was cancelled while it ran")
+            else:
+                error = WorkerError("model_error", f"ONNX Runtime failed the call: {exc}")
+        outcome = CallOutcome(
+            outputs=None if outputs is None else MappingProxyType(outputs),
+            error=error,
+            elapsed_s=time.monotonic() - started,
+        )
+        with self._lock:
+            self._active = None
+            self._options = None
+        call._finish(outcome)
+        if on_done is not None:
+            on_done(outcome)
