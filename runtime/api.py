@@ -14,17 +14,18 @@ shared-memory segment and reservation is gone when the block ends::
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from runtime.config import PipelineConfig, load_pipeline
-from runtime.engine.outputs import END, OmniRequestOutput
 from runtime.engine.orchestrator import Orchestrator
+from runtime.engine.outputs import END, OmniRequestOutput
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterator, Mapping
+
+    import numpy as np
+
     from runtime.backends.graph import GraphTimeouts
     from runtime.devices import DeviceSelection, Topology
     from runtime.engine.events import EventBus

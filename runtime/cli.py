@@ -176,7 +176,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     expected = _load_npz(args.expect, "--expect") if args.expect else None
     out = Path(args.out) if args.out else None
     with Omni.from_yaml(
-        args.pipeline, topology=_topology(args) if args.topology else None,
+        args.pipeline,
+        topology=_topology(args) if args.topology else None,
         selection=_selection(args),
     ) as omni:
         outputs = omni.run(inputs)
@@ -185,7 +186,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     problems = [] if expected is None else _compare(outputs, expected, args.atol, args.rtol)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        np.savez(out / "outputs.npz", **outputs)
+        np.savez(out / "outputs.npz", allow_pickle=False, **outputs)
         (out / "execution_plan.json").write_text(json.dumps(plan, indent=2) + "\n")
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     summary = {

@@ -7,11 +7,11 @@ memory budget per constraint. It starts no process and reserves nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .artifacts import BundleReport, inspect_bundle
 from .config import PipelineConfig, load_pipeline
+from .contracts import ExecutionDomain
 from .devices import (
     DeviceSelection,
     Topology,
@@ -21,9 +21,11 @@ from .devices import (
     load_selection,
     observed_free,
 )
-from .contracts import ExecutionDomain
 from .errors import DeviceExcluded
 from .ledger import BudgetExplanation, explain_budget, format_bytes
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +145,10 @@ def plan_pipeline(
         device_name = None
         try:
             device = check_route_device(
-                machine, allowed, ep=route.ep, target_provider=route.target_provider,
+                machine,
+                allowed,
+                ep=route.ep,
+                target_provider=route.target_provider,
                 stage=stage.name,
             )
         except DeviceExcluded as exc:
@@ -167,11 +172,9 @@ def plan_pipeline(
                 device=device_name,
             )
         )
-    for constraint in config.capacities:
-        if constraint not in machine.constraints:
-            warnings.append(
-                f"the pipeline declares {constraint}, which {machine.source} does not have"
-            )
+    for name in config.capacities:
+        if name not in machine.constraints:
+            warnings.append(f"the pipeline declares {name}, which {machine.source} does not have")
     for shortfall in free_shortfalls(config.capacities, observed_free(machine)):
         warnings.append(
             f"{shortfall.constraint}: the declared capacity {format_bytes(shortfall.capacity)} "

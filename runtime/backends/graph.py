@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 import numpy as np
 
@@ -49,6 +49,7 @@ from runtime.host import (
     LaunchSpec,
     RetireOutcome,
     WorkerProcess,
+    current_os_domain,
     default_project_root,
     is_frozen,
     resolve_interpreter,
@@ -56,7 +57,6 @@ from runtime.host import (
     worker_argv,
     worker_environment,
 )
-from runtime.host.launch import current_os_domain
 from runtime.transport.channel import (
     ChannelClosed,
     FramedChannel,
@@ -188,8 +188,8 @@ class GraphStageClient:
         # Room for the largest call (inputs plus outputs) and its header.
         limits = FrameLimits(max_total_bytes=max(self.route.max_io_bytes, 1 << 20) + (2 << 20))
         self._channel = FramedChannel(
-            self._worker.stdout,
-            self._worker.stdin,
+            cast("BinaryIO", self._worker.stdout),
+            cast("BinaryIO", self._worker.stdin),
             name=self.name,
             limits=limits,
             shm_prefix=self._shm_prefix,

@@ -310,7 +310,7 @@ class Orchestrator:
             for index, client in enumerate(clients):
                 started = time.perf_counter()
                 result = await client.call(request.key, inputs)
-                entry = {
+                entry: dict[str, Any] = {
                     "stage": client.name,
                     "queue_s": max(0.0, started - request.submitted_at) if index == 0 else 0.0,
                     "run_s": result.run_s,

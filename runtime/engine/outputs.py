@@ -5,11 +5,13 @@ from __future__ import annotations
 import concurrent.futures as cf
 import threading
 from collections import deque
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    import numpy as np
 
 
 @dataclass(slots=True, eq=False)
