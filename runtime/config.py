@@ -48,6 +48,7 @@ from yaml.constructor import SafeConstructor
 
 from runtime.contracts.devices import is_constraint_name
 from runtime.errors import ConfigError
+from runtime.paths import expand_data_placeholder
 
 #: Short execution-provider names accepted in a route, and ONNX Runtime's name for each.
 EP_PROVIDERS: Mapping[str, str] = MappingProxyType(
@@ -229,6 +230,7 @@ class PipelineConfig:
     stages: tuple[StageConfig, ...]
     source: Path | None
     description: str | None = None
+    adapter: AdapterConfig | None = None
 
     @property
     def capacities(self) -> Mapping[str, int]:
@@ -237,6 +239,15 @@ class PipelineConfig:
 
     def demands_by_stage(self) -> dict[str, dict[str, int]]:
         return {stage.name: dict(stage.resource_budget.demands) for stage in self.stages}
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterConfig:
+    """The model adapter that drives a request through the stages (``module:Class``)."""
+
+    name: str
+    options: Mapping[str, Any]
+    line: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,6 +297,13 @@ class ConfigReader:
         self.file = file
         self.base_dir = base_dir
         self._constructor = SafeConstructor()
+
+    def plain_mapping(self, item: ConfigItem) -> dict[str, Any]:
+        """A free-form mapping (adapter options) as plain Python values."""
+        value = self._constructor.construct_object(item.node, deep=True)
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            self.reject(item, "expected a mapping with string keys")
+        return dict(value)
 
     def fail(self, message: str, *, key: str | None, line: int | None) -> NoReturn:
         raise ConfigError(message, file=self.file, line=line, key=key or None)
@@ -439,9 +457,12 @@ class ConfigReader:
         executable: bool = False,
     ) -> Path:
         """An existing file, absolute or relative to the pipeline file's directory."""
-        accepted = f"the path of {what}, absolute or relative to the pipeline file"
+        accepted = (
+            f"the path of {what}, absolute, relative to the pipeline file, or starting with "
+            "${data}/ (the user data directory)"
+        )
         text = self.string(item, expected=accepted)
-        path = Path(text)
+        path = Path(expand_data_placeholder(text))
         if not path.is_absolute():
             if self.base_dir is None:
                 self.reject(
@@ -654,7 +675,7 @@ def parse_pipeline(
 
 
 _PIPELINE_REQUIRED = ("pipeline", "async_chunk", "stages")
-_PIPELINE_OPTIONAL = ("max_queued", "description")
+_PIPELINE_OPTIONAL = ("max_queued", "description", "adapter")
 _STAGE_REQUIRED = ("stage_id", "backend", "resource_budget")
 _STAGE_OPTIONAL = (
     "custom_process_input_func",
@@ -713,6 +734,7 @@ def _parse(
     description = None
     if "description" in fields:
         description = reader.string(fields["description"], expected="a string")
+    adapter = _parse_adapter(reader, fields["adapter"]) if "adapter" in fields else None
     stage_items = reader.sequence(fields["stages"], expected="a non-empty list of stages")
     if not stage_items:
         reader.reject(
@@ -733,7 +755,23 @@ def _parse(
         stages=tuple(stage.config for stage in stages),
         source=source_path,
         description=description,
+        adapter=adapter,
     )
+
+
+def _parse_adapter(reader: ConfigReader, item: ConfigItem) -> AdapterConfig:
+    """``adapter: {name: module:Class, options: {...}}``; the class must resolve now."""
+    fields = reader.mapping(item, required=("name",), optional=("options",))
+    name_item = fields["name"]
+    name = reader.string(name_item, expected=CALLABLE_FORM)
+    resolve_callable(name, file=reader.file, line=name_item.line, key=name_item.key)
+    options: dict[str, Any] = {}
+    if "options" in fields:
+        options_item = fields["options"]
+        if not isinstance(options_item.node, yaml.MappingNode):
+            reader.reject(options_item, "expected a mapping of adapter options")
+        options = reader.plain_mapping(options_item)
+    return AdapterConfig(name=name, options=options, line=item.line)
 
 
 def _parse_stage(reader: ConfigReader, item: ConfigItem, index: int, count: int) -> _ParsedStage:

@@ -15,13 +15,11 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from runtime.config import resolve_callable
 from runtime.contracts import RequestKey, new_request_id
 from runtime.engine.events import (
     EventBus,
@@ -29,14 +27,12 @@ from runtime.engine.events import (
     PipelineReady,
     RequestAdmitted,
     RequestFinished,
-    RequestOutputReady,
-    StageCallFinished,
 )
-from runtime.engine.outputs import END, OmniRequestOutput, OutputStream
+from runtime.engine.outputs import END, OutputStream
+from runtime.engine.program import PipelineProgram, RequestContext, load_program
 from runtime.engine.stage_runtime import StageRuntime
 from runtime.errors import (
     ExecutionError,
-    ModelError,
     OmniError,
     RequestCancelled,
     ResourceUnavailable,
@@ -51,8 +47,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("omni.engine.orchestrator")
 
-Transform = Callable[[Mapping[str, np.ndarray]], Mapping[str, Any]]
-
 #: How long ``close`` waits for the loop thread after everything was retired.
 JOIN_DEADLINE_S = 10.0
 
@@ -62,12 +56,11 @@ class Request:
     """One request's state, owned by the loop (``stream`` is the thread-safe part)."""
 
     request_id: str
-    inputs: Mapping[str, np.ndarray] | None
+    inputs: Any
     key: RequestKey
     stream: OutputStream = field(default_factory=OutputStream)
     submitted_at: float = field(default_factory=time.perf_counter)
     task: asyncio.Task[None] | None = None
-    acknowledged: asyncio.Future[None] | None = None
     cancelled: bool = False
     stage_metrics: list[dict[str, Any]] = field(default_factory=list)
 
@@ -96,15 +89,7 @@ class Orchestrator:
             selection=selection,
             timeouts=timeouts,
         )
-        self._transforms: dict[int, Transform] = {}
-        for stage in config.stages:
-            if stage.custom_process_input_func is not None:
-                self._transforms[stage.stage_id] = resolve_callable(
-                    stage.custom_process_input_func,
-                    file=str(config.source),
-                    line=stage.location.line,
-                    key=f"stages[{stage.stage_id}].custom_process_input_func",
-                )
+        self.program: PipelineProgram = load_program(config)
         self._lock = threading.Lock()
         self._active: Request | None = None
         self._queue: deque[Request] = deque()
@@ -219,8 +204,14 @@ class Orchestrator:
             for entry in request["stages"]:
                 totals = per_stage.setdefault(
                     entry["stage"],
-                    {"calls": 0, "queue_s": 0.0, "run_s": 0.0, "transfer_s": 0.0,
-                     "bytes_in": 0, "bytes_out": 0},
+                    {
+                        "calls": 0,
+                        "queue_s": 0.0,
+                        "run_s": 0.0,
+                        "transfer_s": 0.0,
+                        "bytes_in": 0,
+                        "bytes_out": 0,
+                    },
                 )
                 totals["calls"] += 1
                 for name in ("queue_s", "run_s", "transfer_s", "bytes_in", "bytes_out"):
@@ -229,14 +220,16 @@ class Orchestrator:
 
     # -- requests (any thread) -------------------------------------------------------
 
-    def submit(
-        self, inputs: Mapping[str, np.ndarray] | None = None, *, request_id: str | None = None
-    ) -> Request:
-        """Admit a request or raise ``ResourceUnavailable`` (nothing is queued silently)."""
+    def submit(self, inputs: Any = None, *, request_id: str | None = None) -> Request:
+        """Admit a request or raise ``ResourceUnavailable`` (nothing is queued silently).
+
+        ``inputs`` is what the pipeline's program accepts: a mapping of arrays for a graph
+        chain (None: the first stage's example inputs), text for a speech adapter, ...
+        """
         request_id = request_id or new_request_id()
         request = Request(
             request_id=request_id,
-            inputs=None if inputs is None else dict(inputs),
+            inputs=self.program.prepare(inputs),
             key=RequestKey(request_id),
         )
         with self._lock:
@@ -281,18 +274,6 @@ class Orchestrator:
             future.result()
         return True
 
-    def release(self, request: Request) -> None:
-        """The consumer acknowledged the request's final output (thread-safe, idempotent)."""
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
-
-        def settle() -> None:
-            if request.acknowledged is not None and not request.acknowledged.done():
-                request.acknowledged.set_result(None)
-
-        loop.call_soon_threadsafe(settle)
-
     # -- requests (loop) -------------------------------------------------------------
 
     def _launch(self, request: Request) -> None:
@@ -302,46 +283,9 @@ class Orchestrator:
     async def _execute(self, request: Request) -> None:
         clients = self._runtime.clients
         status, message = "completed", ""
+        context = RequestContext(request, clients, self.events)
         try:
-            inputs: Mapping[str, np.ndarray] = (
-                request.inputs if request.inputs is not None else clients[0].example_inputs()
-            )
-            last = len(clients) - 1
-            for index, client in enumerate(clients):
-                started = time.perf_counter()
-                result = await client.call(request.key, inputs)
-                entry: dict[str, Any] = {
-                    "stage": client.name,
-                    "queue_s": max(0.0, started - request.submitted_at) if index == 0 else 0.0,
-                    "run_s": result.run_s,
-                    "transfer_s": result.transfer_s,
-                    "bytes_in": result.bytes_in,
-                    "bytes_out": result.bytes_out,
-                }
-                request.stage_metrics.append(entry)
-                self.events.publish(StageCallFinished(request_id=request.request_id, **entry))
-                if index < last:
-                    inputs = self._handoff(clients[index + 1].stage.stage_id, result.outputs)
-                    client.acknowledge(request.key)
-                    continue
-                loop = asyncio.get_running_loop()
-                request.acknowledged = loop.create_future()
-                output = OmniRequestOutput(
-                    request_id=request.request_id,
-                    stage=client.name,
-                    outputs=dict(result.outputs),
-                    finished=True,
-                    metrics={"stages": list(request.stage_metrics)},
-                    _release=lambda: self.release(request),
-                )
-                request.stream.put(output)
-                self.events.publish(
-                    RequestOutputReady(
-                        request_id=request.request_id, stage=client.name, index=0, finished=True
-                    )
-                )
-                await request.acknowledged
-                client.acknowledge(request.key)
+            await self.program.run(context, request.inputs)
             request.stream.put(END)
         except asyncio.CancelledError:
             status, message = "cancelled", "cancelled"
@@ -356,24 +300,9 @@ class Orchestrator:
             status, message = "failed", f"{type(exc).__name__}: {exc}"
             request.stream.put(ExecutionError(message))
         finally:
-            if status != "completed":
-                for client in clients:
-                    await client.cancel(request.key)
+            for client in clients:
+                await client.cancel(request.key)
             self._finish(request, status, message)
-
-    def _handoff(self, stage_id: int, outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run the model-owned transform and copy its tensors (before acknowledgement)."""
-        transform = self._transforms.get(stage_id)
-        if transform is None:
-            raise UsageError(f"stage-{stage_id} has no custom_process_input_func")
-        handed = transform(outputs)
-        tensors = handed.get("tensors") if isinstance(handed, Mapping) else None
-        if not isinstance(tensors, Mapping) or not tensors:
-            raise ModelError(
-                f"stage-{stage_id}'s custom_process_input_func must return "
-                f"{{'tensors': {{name: array}}}}, got {type(handed).__name__}"
-            )
-        return {str(name): np.array(value, copy=True) for name, value in tensors.items()}
 
     async def _cancel(self, request: Request, reason: str) -> None:
         if request.cancelled or request.stream.closed:
@@ -402,7 +331,11 @@ class Orchestrator:
                 self._active = self._queue.popleft() if self._queue else None
             following = self._active
             self._completed.append(
-                {"request_id": request.request_id, "status": status, "stages": request.stage_metrics}
+                {
+                    "request_id": request.request_id,
+                    "status": status,
+                    "stages": request.stage_metrics,
+                }
             )
             del self._completed[:-1000]
         self.events.publish(

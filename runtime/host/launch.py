@@ -21,10 +21,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Final
 
-import platformdirs
-
 from runtime.errors import ConfigError
 from runtime.host.wslpaths import OS_DOMAINS, current_os_domain
+from runtime.paths import data_dir
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -105,7 +104,7 @@ def default_project_root() -> Path:
 
 def default_env_dir() -> Path:
     """Where ``omni-edge env create NAME`` puts managed environments."""
-    return Path(platformdirs.user_data_dir(APP_NAME)) / "envs"
+    return data_dir() / "envs"
 
 
 @dataclass(frozen=True, slots=True)
