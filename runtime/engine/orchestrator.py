@@ -18,8 +18,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from runtime.contracts import RequestKey, new_request_id
 from runtime.engine.events import (
     EventBus,
@@ -41,6 +39,8 @@ from runtime.errors import (
 from runtime.ledger import ResourceLedger
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from runtime.backends.graph import GraphStageClient, GraphTimeouts
     from runtime.config import PipelineConfig
     from runtime.devices import DeviceSelection, Topology
