@@ -16,9 +16,18 @@ SHM_DIR = Path("/dev/shm")
 GRACE_S = 3.0
 
 
+#: Every shared-memory segment the runtime creates starts with this (see runtime.transport.shm).
+SHM_PREFIX = "oe-"
+
+
 def _shm_entries() -> set[str]:
+    """The runtime's own segments; other programs' entries on the machine are not ours."""
     try:
-        return {entry.name for entry in SHM_DIR.iterdir()}
+        return {
+            entry.name
+            for entry in SHM_DIR.iterdir()
+            if entry.name.startswith(SHM_PREFIX) and entry.is_file()
+        }
     except OSError:
         return set()
 

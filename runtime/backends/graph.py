@@ -13,7 +13,6 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
@@ -23,7 +22,9 @@ from runtime.artifacts import VerifiedBundle, load_example_inputs
 from runtime.backends.base import CallResult, StageRecord, TensorSpec
 from runtime.backends.placement import PlacementReport, gate_placement
 from runtime.contracts import FrameLimits, RequestKey
+from runtime.contracts.buffers import DescriptorError
 from runtime.contracts.messages import (
+    WORKER_TO_CONTROLLER,
     ByeMessage,
     CallMessage,
     CancelMessage,
@@ -32,7 +33,6 @@ from runtime.contracts.messages import (
     ReadyMessage,
     ResultMessage,
     ShutdownMessage,
-    WORKER_TO_CONTROLLER,
     decode_message,
 )
 from runtime.engine.events import EventBus, WorkerRetired
@@ -68,6 +68,8 @@ from runtime.transport.handshake import expect_hello
 from runtime.transport.shm import new_prefix, sweep_segments
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from runtime.config import StageConfig
     from runtime.contracts.codec import Frame
     from runtime.contracts.messages import Message
@@ -294,7 +296,8 @@ class GraphStageClient:
     def _on_frame_thread(self, frame: Frame) -> None:
         """Reader thread: decode, copy buffers out and acknowledge them, then hop to the loop."""
         channel = self._channel
-        assert channel is not None and self._loop is not None
+        assert channel is not None
+        assert self._loop is not None
         try:
             message = decode_message(frame, WORKER_TO_CONTROLLER)
             arrays: dict[str, np.ndarray] = {}
@@ -308,8 +311,12 @@ class GraphStageClient:
                     channel.send_acks(acks)
                 except ExecutionError:
                     pass
-            error = exc if isinstance(exc, ExecutionError) else ProtocolError(
-                str(exc), code=getattr(exc, "code", "bad_message"), channel=self.name
+            error = (
+                exc
+                if isinstance(exc, ExecutionError)
+                else ProtocolError(
+                    str(exc), code=getattr(exc, "code", "bad_message"), channel=self.name
+                )
             )
             self._loop.call_soon_threadsafe(self._fail, error)
             return
@@ -326,11 +333,24 @@ class GraphStageClient:
                 self._load_future.set_result(message)
             return
         if isinstance(message, ResultMessage):
-            entry = self._pending.pop(message.call_id, None)
-            if entry is None or entry[0].epoch != message.epoch:
+            entry = self._pending.get(message.call_id)
+            if entry is None:
                 log.info("%s: dropped a stale result of call %d", self.name, message.call_id)
                 return
-            key, future = entry
+            if entry[0].epoch != message.epoch:
+                # Call ids are never reused and fencing drops the pending call, so only a
+                # broken worker mislabels one; dropping it would leave the call waiting forever.
+                self._fail(
+                    ProtocolError(
+                        f"the result of call {message.call_id} carries epoch {message.epoch}; "
+                        f"the call was sent with epoch {entry[0].epoch}",
+                        code="wrong_epoch",
+                        channel=self.name,
+                    )
+                )
+                return
+            del self._pending[message.call_id]
+            future = entry[1]
             if not future.done():
                 future.set_result((message, arrays, sum(len(p or b"") for p in frame.payloads)))
             return
@@ -369,9 +389,7 @@ class GraphStageClient:
         if message.code == "cancelled":
             future.set_exception(RequestCancelled(f"{self.name}: call cancelled"))
         else:
-            future.set_exception(
-                ModelError(f"{self.name}: {message.code}: {message.message}")
-            )
+            future.set_exception(ModelError(f"{self.name}: {message.code}: {message.message}"))
 
     def _on_closed(self, error: BaseException | None) -> None:
         if self._closed and error is None:
@@ -422,7 +440,8 @@ class GraphStageClient:
                 f"{self.name} is busy with {self._slot.request_id}: one call and one retained "
                 "result at a time; acknowledge or cancel it first"
             )
-        assert self._loop is not None and self._channel is not None
+        assert self._loop is not None
+        assert self._channel is not None
         self._call_id += 1
         call_id = self._call_id
         names = tuple(inputs)
@@ -444,9 +463,14 @@ class GraphStageClient:
                         message, dict(inputs), owner=self.name, generation=call_id
                     ),
                 )
-            except ChannelClosed:
+            except (ExecutionError, DescriptorError) as exc:
+                # The call never reached the worker: nothing will answer it.
                 self._pending.pop(call_id, None)
-                raise self._failure or self._died("stopped reading its input") from None
+                if isinstance(exc, ChannelClosed):
+                    raise self._failure or self._died("stopped reading its input") from None
+                if isinstance(exc, DescriptorError):
+                    raise ModelError(f"{self.name}: bad_input: {exc}") from exc
+                raise
             result, arrays, _ = await future
         except BaseException:
             self._running = False
@@ -548,7 +572,9 @@ class GraphStageClient:
                 future.set_exception(StageRetired(f"{self.name} was closed"))
         self._pending.clear()
         channel = self._channel
-        if self._failure is None and channel is not None and self._loop is not None:
+        # Only the reader thread (started after the hello) can deliver the worker's bye.
+        reading = self._load_future is not None
+        if self._failure is None and channel is not None and self._loop is not None and reading:
             self._bye = self._loop.create_future()
             try:
                 channel.send_message(ShutdownMessage(), owner=self.name)
