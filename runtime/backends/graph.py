@@ -37,12 +37,14 @@ from runtime.contracts.messages import (
 )
 from runtime.engine.events import EventBus, WorkerRetired
 from runtime.errors import (
+    ConfigError,
     ExecutionError,
     ModelError,
     OmniError,
     PlacementRefused,
     RequestCancelled,
     ResourceUnavailable,
+    VerificationError,
     WorkerDied,
 )
 from runtime.host import (
@@ -370,10 +372,10 @@ class GraphStageClient:
 
     def _on_error(self, message: ErrorMessage) -> None:
         if message.call_id is None or message.fatal:
-            error: OmniError = (
-                PlacementRefused(f"{self.name}: {message.message}")
-                if message.code in ("provider_absent", "placement")
-                else ModelError(f"{self.name}: worker error {message.code}: {message.message}")
+            error = _worker_error(
+                self.name,
+                message,
+                cpu_allowed="CPUExecutionProvider" in self.route.allowed_providers,
             )
             if self._load_future is not None and not self._load_future.done():
                 self._load_future.set_exception(error)
@@ -584,6 +586,34 @@ class GraphStageClient:
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
         await self._retire("pipeline closed", self.timeouts.retire_s)
+
+
+#: Worker error codes that mean the bundle failed verification in the worker.
+_VERIFICATION_CODES = frozenset(
+    {
+        "missing_file",
+        "bad_manifest",
+        "hash_mismatch",
+        "symlink_escape",
+        "bad_graph",
+        "external_data_not_listed",
+        "bad_example_inputs",
+    }
+)
+_PLACEMENT_CODES = frozenset({"provider_absent", "placement_unavailable"})
+
+
+def _worker_error(stage: str, message: ErrorMessage, *, cpu_allowed: bool) -> OmniError:
+    """The typed error of a worker's load-time or fatal error report."""
+    text = f"{stage}: {message.code}: {message.message}"
+    if message.code in _VERIFICATION_CODES:
+        return VerificationError(text, code=message.code)
+    # Without CPU fallback, a session ORT cannot create is a graph the target cannot place.
+    if message.code in _PLACEMENT_CODES or (message.code == "session_failed" and not cpu_allowed):
+        return PlacementRefused(text)
+    if message.code in ("bad_route", "too_large"):
+        return ConfigError(text)
+    return ModelError(text)
 
 
 def _spec(wire: Any) -> TensorSpec:
