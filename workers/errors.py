@@ -28,6 +28,7 @@ WORKER_ERROR_CODES: Final = frozenset(
         "busy",  # a call arrived while another one was running
         "cancelled",  # the running call was terminated on request
         "model_error",  # ONNX Runtime failed while running a call
+        "result_failed",  # a finished call's outputs could not be sent back
     }
 )
 

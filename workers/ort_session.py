@@ -45,7 +45,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
 __all__ = [
+    "ASSIGNMENT_INFO_AVAILABLE",
     "CPU_PROVIDER",
+    "MAX_BUCKETS",
     "Bucket",
     "CallOutcome",
     "CancellableRunner",
@@ -54,6 +56,8 @@ __all__ = [
     "RunningCall",
     "TensorSpec",
     "WorkerError",
+    "bucket_inputs",
+    "bucket_shapes",
     "check_call_inputs",
     "create_session",
     "describe_spec",
@@ -62,14 +66,21 @@ __all__ = [
     "spec_nbytes",
     "spec_of",
     "warm_up",
+    "warm_up_buckets",
 ]
 
 CPU_PROVIDER: Final = "CPUExecutionProvider"
+#: ONNX Runtime >= 1.24 reports per-node placement without profiling.
+ASSIGNMENT_INFO_AVAILABLE: Final = hasattr(
+    ort.InferenceSession, "get_provider_graph_assignment_info"
+)
 METHOD_ASSIGNMENT: Final = "assignment_info"
 METHOD_PROFILING: Final = "profiling"
 _RECORD_ASSIGNMENT: Final = "session.record_ep_graph_assignment_info"
 _DISABLE_CPU_FALLBACK: Final = "session.disable_cpu_ep_fallback"
 _EXTERNAL_FOLDER: Final = "session.model_external_initializers_file_folder_path"
+#: Most input buckets a bundle may list in ``metadata.buckets`` (each is warmed up at load).
+MAX_BUCKETS: Final = 16
 #: Every exception type the ONNX Runtime extension raises (they derive from Exception only).
 _ORT_ERRORS: Final[tuple[type[Exception], ...]] = (
     *(
@@ -291,9 +302,17 @@ def _read_listed(manifest_path: Path, root: Path, manifest: ArtifactManifest, na
 def _load_examples(manifest_path: Path, name: str, data: bytes) -> dict[str, np.ndarray]:
     accepted = "accepted: an .npz archive of plain numeric or boolean arrays (no pickle)"
     try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as archive:
-            arrays = {key: np.asarray(archive[key]) for key in archive.files}
-    except (OSError, ValueError, EOFError, AttributeError, TypeError, zipfile.BadZipFile) as exc:
+        loaded = np.load(io.BytesIO(data), allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):
+            raise WorkerError(
+                "bad_example_inputs",
+                f"{manifest_path}: example_inputs_file {name!r} is a single array, not an "
+                f"archive of named arrays; {accepted}",
+                subject=name,
+            )
+        with loaded:
+            arrays = {key: np.asarray(loaded[key]) for key in loaded.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise WorkerError(
             "bad_example_inputs",
             f"{manifest_path}: example_inputs_file {name!r} cannot be loaded ({exc}); {accepted}",
@@ -330,9 +349,16 @@ def create_session(
 
     CPU fallback is disabled when the CPU provider is not allowed, and ONNX Runtime's
     Python-side retry on the CPU is switched off. Placement is recorded as EP graph
-    assignment info, or, when ``profile_prefix`` is given, as a profile written under it.
+    assignment info, or, when ``profile_prefix`` is given (required where ONNX Runtime lacks
+    the assignment API), as a profile written there and read by :func:`placement_of`.
     """
     _check_route(providers, allowed_providers, target_provider)
+    if profile_prefix is None and not ASSIGNMENT_INFO_AVAILABLE:
+        raise WorkerError(
+            "placement_unavailable",
+            f"ONNX Runtime {ort.__version__} cannot report EP graph assignment; accepted: a "
+            "profile_prefix, so that placement is read from a profile",
+        )
     available = ort.get_available_providers()
     absent = [provider for provider in providers if provider not in available]
     if absent:
@@ -535,10 +561,108 @@ def warm_up(session: ort.InferenceSession, example_inputs: Mapping[str, np.ndarr
     return Bucket(inputs=inputs, outputs=tuple(outputs))
 
 
-def check_call_inputs(arrays: Mapping[str, np.ndarray], bucket: Bucket, max_io_bytes: int) -> None:
-    """Refuse a call unless its inputs are exactly the bucket and inputs + outputs fit."""
+def bucket_shapes(
+    manifest: ArtifactManifest, example_inputs: Mapping[str, np.ndarray]
+) -> tuple[dict[str, tuple[int, ...]], ...]:
+    """The input buckets a bundle accepts: the example inputs' shapes first, then any other
+    ``metadata.buckets`` entry (a list of ``{input name: shape}`` objects naming every example
+    input, with the same ranks, and including the example's own shapes)."""
+    example = {name: tuple(int(d) for d in array.shape) for name, array in example_inputs.items()}
+    raw = manifest.metadata.get("buckets")
+    if raw is None:
+        return (example,)
+    accepted = (
+        f"a list of 1 to {MAX_BUCKETS} objects, each giving every input "
+        f"{sorted(example)} a shape of positive integers of the example's rank, one of them "
+        f"the example inputs' shapes {_shapes_text(example)}"
+    )
+
+    def refuse(detail: str) -> WorkerError:
+        return WorkerError(
+            "bad_manifest",
+            f"metadata.buckets {detail}; accepted: {accepted}",
+            subject="metadata.buckets",
+        )
+
+    if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_BUCKETS:
+        size = f"a list of {len(raw)}" if isinstance(raw, list) else type(raw).__name__
+        raise refuse(f"is {size}")
+    shapes: list[dict[str, tuple[int, ...]]] = []
+    for position, entry in enumerate(raw):
+        if not isinstance(entry, dict) or set(entry) != set(example):
+            names = sorted(entry) if isinstance(entry, dict) else entry
+            raise refuse(f"entry {position} names {names!r}")
+        shape: dict[str, tuple[int, ...]] = {}
+        for name, dims in entry.items():
+            if (
+                not isinstance(dims, list)
+                or len(dims) != len(example[name])
+                or not all(type(d) is int and d > 0 for d in dims)
+            ):
+                raise refuse(f"entry {position} gives {name!r} the shape {dims!r}")
+            shape[name] = tuple(dims)
+        if shape in shapes:
+            raise refuse(f"entry {position} repeats {_shapes_text(shape)}")
+        shapes.append(shape)
+    if example not in shapes:
+        raise refuse(f"does not list the example inputs' shapes {_shapes_text(example)}")
+    return (example, *(shape for shape in shapes if shape != example))
+
+
+def _shapes_text(shapes: Mapping[str, tuple[int, ...]]) -> str:
+    return "{" + ", ".join(f"{name}: {list(dims)}" for name, dims in shapes.items()) + "}"
+
+
+def bucket_inputs(
+    example_inputs: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[int, ...]]
+) -> dict[str, np.ndarray]:
+    """Warm-up inputs of another bucket: each example array zero-padded (or cut) to its shape."""
+    out: dict[str, np.ndarray] = {}
+    for name, array in example_inputs.items():
+        target = shapes[name]
+        resized = np.zeros(target, dtype=array.dtype)
+        overlap = tuple(slice(0, min(a, b)) for a, b in zip(array.shape, target, strict=True))
+        resized[overlap] = array[overlap]
+        out[name] = resized
+    return out
+
+
+def warm_up_buckets(
+    session: ort.InferenceSession,
+    example_inputs: Mapping[str, np.ndarray],
+    shapes: Sequence[Mapping[str, tuple[int, ...]]],
+) -> tuple[Bucket, ...]:
+    """Warm up every bucket (see :func:`bucket_inputs`); the example's bucket comes first."""
+    return tuple(
+        warm_up(session, example_inputs if index == 0 else bucket_inputs(example_inputs, shape))
+        for index, shape in enumerate(shapes)
+    )
+
+
+def _matching_bucket(arrays: Mapping[str, np.ndarray], buckets: Sequence[Bucket]) -> Bucket | None:
+    for bucket in buckets:
+        if all(
+            spec.name in arrays and tuple(arrays[spec.name].shape) == spec.shape
+            for spec in bucket.inputs
+        ):
+            return bucket
+    return None
+
+
+def check_call_inputs(
+    arrays: Mapping[str, np.ndarray], bucket: Bucket | Sequence[Bucket], max_io_bytes: int
+) -> Bucket:
+    """Refuse a call unless its inputs are exactly one bucket and inputs + outputs fit.
+
+    Returns the bucket the inputs match.
+    """
+    buckets = (bucket,) if isinstance(bucket, Bucket) else tuple(bucket)
+    matched = _matching_bucket(arrays, buckets) if len(buckets) > 1 else None
+    bucket = buckets[0] if matched is None else matched
     expected = {spec.name: spec for spec in bucket.inputs}
-    accepted = ", ".join(f"{spec.name}: {describe_spec(spec)}" for spec in bucket.inputs)
+    accepted = " | ".join(
+        ", ".join(f"{spec.name}: {describe_spec(spec)}" for spec in one.inputs) for one in buckets
+    )
     unknown = [name for name in arrays if name not in expected]
     if unknown:
         raise WorkerError(
@@ -564,10 +688,14 @@ def check_call_inputs(arrays: Mapping[str, np.ndarray], bucket: Bucket, max_io_b
                 subject=name,
             )
         if tuple(array.shape) != spec.shape:
+            wanted = (
+                f"exactly {list(spec.shape)}, the fixed bucket"
+                if len(buckets) == 1
+                else f"one of the fixed buckets ({accepted})"
+            )
             raise WorkerError(
                 "bad_input",
-                f"input {name!r} has shape {list(array.shape)} ({given}); accepted: exactly "
-                f"{list(spec.shape)}, the fixed bucket",
+                f"input {name!r} has shape {list(array.shape)} ({given}); accepted: {wanted}",
                 subject=name,
             )
     total = sum(int(arrays[name].nbytes) for name in expected) + bucket.output_nbytes
@@ -579,6 +707,7 @@ def check_call_inputs(arrays: Mapping[str, np.ndarray], bucket: Bucket, max_io_b
             f"bytes; accepted: at most max_io_bytes = {max_io_bytes}",
             subject=bucket.inputs[0].name,
         )
+    return bucket
 
 
 @dataclass(frozen=True, slots=True)
@@ -655,6 +784,8 @@ class CancellableRunner:
             if self._active is not None:
                 raise WorkerError("busy", "a call is already running; accepted: one call at a time")
             options = ort.RunOptions()
+            # A failed or cancelled call is reported as a value; ORT need not log it too.
+            options.log_severity_level = 4
             self._active = call
             self._options = options
             self._cancelled = False

@@ -21,8 +21,10 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -55,16 +57,18 @@ from runtime.transport.channel import (
 )
 from runtime.transport.handshake import send_hello
 from runtime.transport.shm import ShmError
+from workers import ort_session
 from workers.errors import WorkerError
 from workers.ort_session import (
     Bucket,
     CallOutcome,
     CancellableRunner,
+    bucket_shapes,
     check_call_inputs,
     create_session,
     load_verified_graph,
     placement_of,
-    warm_up,
+    warm_up_buckets,
 )
 
 if TYPE_CHECKING:
@@ -75,6 +79,8 @@ if TYPE_CHECKING:
 WORKER_NAME: Final = "ort"
 #: Same value as runtime.host.launch.GENERATION_VARIABLE (not imported: the worker stays lean).
 GENERATION_VARIABLE: Final = "OMNI_EDGE_WORKER_GENERATION"
+#: Folder name prefix of the temporary profile used where assignment info is unavailable.
+PROFILE_PREFIX: Final = "omni-edge-ort-profile-"
 EXIT_OK: Final = 0
 EXIT_LOAD_FAILED: Final = 3
 EXIT_PROTOCOL: Final = 4
@@ -92,13 +98,14 @@ def _generation() -> int:
 
 
 class GraphWorker:
-    """One loaded graph served over one channel. Owns the runner and the channel's lifetime."""
+    """One loaded graph served over one channel. Owns the call runner; the channel belongs to
+    the caller of :func:`run`."""
 
     def __init__(self, channel: FramedChannel, generation: int) -> None:
         self._channel = channel
         self._owner = f"ort-{generation}"
         self._runner: CancellableRunner | None = None
-        self._bucket: Bucket | None = None
+        self._buckets: tuple[Bucket, ...] = ()
         self._max_io_bytes = 0
         self._output_names: tuple[str, ...] = ()
         self._lock = threading.Lock()
@@ -110,21 +117,34 @@ class GraphWorker:
         """Verify, create the session, warm up and measure placement; WorkerError on failure."""
         started = time.perf_counter()
         graph = load_verified_graph(message.manifest_path, message.expected_identity)
-        session = create_session(
-            graph, message.providers, message.allowed_providers, message.target_provider
-        )
-        loaded = time.perf_counter()
-        bucket = warm_up(session, graph.example_inputs)
-        warmed = time.perf_counter()
-        placement = placement_of(session)
-        if bucket.io_nbytes > message.max_io_bytes:
+        shapes = bucket_shapes(graph.manifest, graph.example_inputs)
+        with ExitStack() as stack:
+            profile_prefix = None
+            if not ort_session.ASSIGNMENT_INFO_AVAILABLE:
+                # The profile only lives until placement_of has read it.
+                folder = stack.enter_context(tempfile.TemporaryDirectory(prefix=PROFILE_PREFIX))
+                profile_prefix = Path(folder) / "ort"
+            session = create_session(
+                graph,
+                message.providers,
+                message.allowed_providers,
+                message.target_provider,
+                profile_prefix=profile_prefix,
+            )
+            loaded = time.perf_counter()
+            buckets = warm_up_buckets(session, graph.example_inputs, shapes)
+            warmed = time.perf_counter()
+            placement = placement_of(session)
+        largest = max(buckets, key=lambda one: one.io_nbytes)
+        if largest.io_nbytes > message.max_io_bytes:
             raise WorkerError(
                 "too_large",
-                f"the bucket's inputs plus outputs are {bucket.io_nbytes} bytes; accepted: at "
+                f"the bucket's inputs plus outputs are {largest.io_nbytes} bytes; accepted: at "
                 f"most max_io_bytes = {message.max_io_bytes} (raise it in the route)",
             )
+        bucket = buckets[0]
         self._runner = CancellableRunner(session)
-        self._bucket = bucket
+        self._buckets = buckets
         self._max_io_bytes = message.max_io_bytes
         self._output_names = tuple(spec.name for spec in bucket.outputs)
         return ReadyMessage(
@@ -162,7 +182,7 @@ class GraphWorker:
 
     def _call(self, message: CallMessage, frame: Frame) -> None:
         assert self._runner is not None
-        assert self._bucket is not None
+        assert self._buckets
         try:
             arrays, acks = self._channel.arrays_from_frame(frame, message.input_names)
         except ProtocolError:
@@ -171,7 +191,7 @@ class GraphWorker:
         # The inputs are our own copies now: the producer may release its buffers.
         self._channel.send_acks(acks)
         try:
-            check_call_inputs(arrays, self._bucket, self._max_io_bytes)
+            check_call_inputs(arrays, self._buckets, self._max_io_bytes)
             with self._lock:
                 self._runner.submit(arrays, on_done=lambda outcome: self._finish(message, outcome))
                 self._running = message
@@ -182,27 +202,29 @@ class GraphWorker:
         with self._lock:
             if self._running is message:
                 self._running = None
+        error = outcome.error
         try:
-            if outcome.error is not None:
-                self._send_error(message.call_id, outcome.error.code, outcome.error.message)
-                return
-            assert outcome.outputs is not None
-            outputs = {name: outcome.outputs[name] for name in self._output_names}
-            result = ResultMessage(
-                message.call_id,
-                message.request_id,
-                message.epoch,
-                self._output_names,
-                outcome.elapsed_s,
-            )
-            self._channel.send_message(
-                result, outputs, owner=self._owner, generation=message.call_id
-            )
+            if error is None:
+                assert outcome.outputs is not None
+                outputs = {name: outcome.outputs[name] for name in self._output_names}
+                result = ResultMessage(
+                    message.call_id,
+                    message.request_id,
+                    message.epoch,
+                    self._output_names,
+                    outcome.elapsed_s,
+                )
+                try:
+                    self._channel.send_message(
+                        result, outputs, owner=self._owner, generation=message.call_id
+                    )
+                    return
+                except (ProtocolError, ShmError, DescriptorError) as exc:
+                    error = WorkerError("result_failed", f"the result cannot be sent: {exc}")
+            self._send_error(message.call_id, error.code, error.message)
         except ChannelClosed:
             # The controller is gone; the serve loop sees the same and exits.
             return
-        except (ProtocolError, ShmError, DescriptorError) as exc:
-            self._send_error(message.call_id, "result_failed", f"the result cannot be sent: {exc}")
 
     def _cancel(self, call_id: int) -> None:
         with self._lock:

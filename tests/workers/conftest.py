@@ -36,7 +36,11 @@ def spawn_worker() -> Iterator[Callable[..., WorkerProcess]]:
     """Start ORT workers (see :func:`running_worker`); every one is reaped on teardown."""
     with ExitStack() as stack:
 
-        def spawn(**options: object) -> WorkerProcess:
-            return stack.enter_context(running_worker(**options))  # type: ignore[arg-type]
+        def spawn(
+            *, by_path: bool = False, generation: int = 1, shm: bool = False
+        ) -> WorkerProcess:
+            return stack.enter_context(
+                running_worker(by_path=by_path, generation=generation, shm=shm)
+            )
 
         yield spawn

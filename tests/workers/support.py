@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO, cast
 
 import numpy as np
 import onnx
@@ -51,7 +51,8 @@ def identity_of(manifest_path: Path) -> str:
 def loop_weights() -> np.ndarray:
     """The fixed weight matrix of :func:`make_loop_bundle`."""
     rng = np.random.default_rng(7)
-    return (rng.standard_normal((LOOP_WIDTH, LOOP_WIDTH)) / np.sqrt(LOOP_WIDTH)).astype(np.float32)
+    weights = rng.standard_normal((LOOP_WIDTH, LOOP_WIDTH)) / np.sqrt(LOOP_WIDTH)
+    return np.asarray(weights, dtype=np.float32)
 
 
 def loop_reference(x: np.ndarray, steps: int) -> np.ndarray:
@@ -178,10 +179,16 @@ def running_worker(
     assert process.stderr is not None
     prefix = new_prefix(os.getpid(), generation) if shm else None
     channel = FramedChannel(
-        process.stdout, process.stdin, name="controller", shm_prefix=prefix, same_domain=shm
+        cast("BinaryIO", process.stdout),
+        cast("BinaryIO", process.stdin),
+        name="controller",
+        shm_prefix=prefix,
+        same_domain=shm,
     )
     worker = WorkerProcess(process, channel, generation)
-    pump: threading.Thread = start_log_pump(process.stderr, worker.log.append, name="ort-worker")
+    pump: threading.Thread = start_log_pump(
+        cast("BinaryIO", process.stderr), worker.log.append, name="ort-worker"
+    )
     try:
         expect_hello(
             channel,

@@ -24,9 +24,9 @@ if TYPE_CHECKING:
 
 def _external(name: str, location: str, shape: tuple[int, ...] = (2,)) -> TensorProto:
     tensor = numpy_helper.from_array(np.zeros(shape, np.float32), name)
-    tensor.ClearField("raw_data")
     set_external_data(tensor, location=location, offset=0, length=4 * int(np.prod(shape)))
     tensor.data_location = TensorProto.EXTERNAL
+    tensor.ClearField("raw_data")
     return tensor
 
 
@@ -179,13 +179,37 @@ def test_malformed_bytes_are_refused(data: bytes, needle: str) -> None:
         external_data_locations(data)
 
 
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        out.append(low | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
 def test_nesting_beyond_the_limit_is_refused() -> None:
-    inner = helper.make_graph([], "leaf", [], [])
-    for depth in range(MAX_NESTING + 1):
-        node = helper.make_node("If", ["c"], [], then_branch=inner, else_branch=inner)
-        inner = helper.make_graph([node], f"level{depth}", [], [])
+    # Written by hand: protobuf itself refuses to build messages this deep.
+    graph = b""
+    for _ in range(MAX_NESTING + 1):
+        attribute = _field(onnx_wire._ATTR_GRAPH, graph)
+        node = _field(onnx_wire._NODE_ATTRIBUTE, attribute)
+        graph = _field(onnx_wire._GRAPH_NODE, node)
     with pytest.raises(WireError, match="nest deeper"):
-        external_data_locations(_model(inner).SerializeToString())
+        external_data_locations(_field(onnx_wire._MODEL_GRAPH, graph))
+
+
+def test_nesting_at_the_limit_is_read() -> None:
+    graph = _field(onnx_wire._GRAPH_INITIALIZER, _external("deep", "deep.bin").SerializeToString())
+    for _ in range(MAX_NESTING - 1):
+        attribute = _field(onnx_wire._ATTR_GRAPH, graph)
+        node = _field(onnx_wire._NODE_ATTRIBUTE, attribute)
+        graph = _field(onnx_wire._GRAPH_NODE, node)
+    assert external_data_locations(_field(onnx_wire._MODEL_GRAPH, graph)) == ("deep.bin",)
 
 
 def test_a_graph_that_is_not_onnx_is_refused_at_load(tmp_path: Path) -> None:
