@@ -747,7 +747,7 @@ def _parse(
     _check_chain(reader, stages)
     _check_capacities(reader, stages)
     _check_async_chunk(reader, stages, async_chunk, fields["async_chunk"])
-    _check_transforms(reader, stages)
+    _check_transforms(reader, stages, adapter_drives=adapter is not None)
     return PipelineConfig(
         pipeline=name,
         async_chunk=async_chunk,
@@ -993,7 +993,10 @@ def _check_async_chunk(
         )
 
 
-def _check_transforms(reader: ConfigReader, stages: list[_ParsedStage]) -> None:
+def _check_transforms(
+    reader: ConfigReader, stages: list[_ParsedStage], *, adapter_drives: bool
+) -> None:
+    """A graph stage after another needs a handoff transform, unless an adapter drives them."""
     for stage in stages:
         config = stage.config
         spec = config.custom_process_input_func
@@ -1007,7 +1010,7 @@ def _check_transforms(reader: ConfigReader, stages: list[_ParsedStage]) -> None:
                 )
             continue
         if spec is None:
-            if config.backend.is_graph:
+            if config.backend.is_graph and not adapter_drives:
                 reader.fail(
                     f"{config.name} is a graph stage that follows stage {config.stage_id - 1}: it "
                     f"needs custom_process_input_func: {CALLABLE_FORM}, a function turning the "

@@ -863,3 +863,48 @@ def test_pipeline_config_is_immutable(files: Path) -> None:
         config.pipeline = "other"  # type: ignore[misc]
     with pytest.raises(TypeError):
         config.stages[0].resource_budget.capacities["machine:ram"] = 1  # type: ignore[index]
+
+
+ADAPTER_HEAD = """\
+adapter:
+  name: helpers.transforms:passthrough
+  options:
+    voice: joe
+    schedule: [16, 32]
+"""
+
+
+def test_adapter_section_is_parsed_and_its_stages_need_no_transform(files: Path) -> None:
+    text = "pipeline: chain\nasync_chunk: false\n" + ADAPTER_HEAD + "stages:\n"
+    text += stage_text(0) + stage_text(1, transform=False)
+    config = load_pipeline(write(files, text))
+    assert config.adapter is not None
+    assert config.adapter.name == "helpers.transforms:passthrough"
+    assert config.adapter.options == {"voice": "joe", "schedule": [16, 32]}
+    assert config.adapter.line == 4
+    assert config.stages[1].custom_process_input_func is None
+
+
+def test_adapter_that_does_not_resolve_names_the_line(files: Path) -> None:
+    head = ADAPTER_HEAD.replace("helpers.transforms:passthrough", "helpers.transforms:missing")
+    text = "pipeline: chain\nasync_chunk: false\n" + head + "stages:\n" + stage_text(0)
+    error = refused(files, text, key="adapter.name", line=4)
+    assert "missing" in str(error)
+
+
+def test_adapter_options_must_be_a_mapping(files: Path) -> None:
+    head = "adapter:\n  name: helpers.transforms:passthrough\n  options: [1, 2]\n"
+    text = "pipeline: chain\nasync_chunk: false\n" + head + "stages:\n" + stage_text(0)
+    refused(files, text, key="adapter.options", line=5)
+
+
+def test_data_placeholder_names_the_user_data_directory(
+    files: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = tmp_path / "data"
+    (data / "voices").mkdir(parents=True)
+    (files / "bundle" / "manifest.json").rename(data / "voices" / "manifest.json")
+    monkeypatch.setenv("OMNI_EDGE_DATA_DIR", str(data))
+    text = pipeline_text(1).replace("bundle/manifest.json", "${data}/voices/manifest.json")
+    config = load_pipeline(write(files, text))
+    assert config.stages[0].backend.manifest == data / "voices" / "manifest.json"
