@@ -1,0 +1,85 @@
+"""Session-wide fixtures for the speech tests: the installed voice, Piper itself, and one export.
+
+The export (cut, validation, two bundles) runs once per test session into a temporary voice
+directory through :func:`ensure_voice_bundles`, the same call ``make run`` uses.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import onnxruntime as ort
+import pytest
+from piper import PiperVoice
+
+from runtime.adapters.tts_text import Phonemizer, VoiceConfig
+from runtime.adapters.voice_export import (
+    InstalledVoice,
+    VoiceBundles,
+    ensure_voice_bundles,
+    find_voice,
+)
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Exported:
+    bundles: VoiceBundles
+    root: Path
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Sessions:
+    """In-process sessions on the exported graphs and on the uncut voice."""
+
+    acoustic: ort.InferenceSession
+    decoder: ort.InferenceSession
+    full: ort.InferenceSession
+
+
+def _session(path: Path) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+@pytest.fixture(scope="session")
+def installed_voice() -> InstalledVoice:
+    return find_voice("joe")
+
+
+@pytest.fixture(scope="session")
+def voice_config(installed_voice: InstalledVoice) -> VoiceConfig:
+    return VoiceConfig.load(installed_voice.config_path)
+
+
+@pytest.fixture(scope="session")
+def phonemizer(voice_config: VoiceConfig) -> Phonemizer:
+    return Phonemizer(voice_config)
+
+
+@pytest.fixture(scope="session")
+def piper_voice(installed_voice: InstalledVoice) -> PiperVoice:
+    return PiperVoice.load(installed_voice.model_path, installed_voice.config_path)
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> Exported:
+    root = tmp_path_factory.mktemp("data") / "voices" / "joe"
+    started = time.perf_counter()
+    bundles = ensure_voice_bundles("joe", root)
+    return Exported(bundles, root, time.perf_counter() - started)
+
+
+@pytest.fixture(scope="session")
+def sessions(exported: Exported, installed_voice: InstalledVoice) -> Sessions:
+    return Sessions(
+        acoustic=_session(exported.bundles.acoustic.graph_path),
+        decoder=_session(exported.bundles.decoder.graph_path),
+        full=_session(installed_voice.model_path),
+    )
