@@ -1,0 +1,122 @@
+"""``omni-edge devices`` and the device checks of ``plan``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers.onnx_graphs import make_bundle
+
+from runtime.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+LAPTOP = ROOT / "assets" / "topologies" / "hx370-rtx5090-laptop.yaml"
+CPU_WSL = ROOT / "assets" / "topologies" / "cpu-only-wsl.yaml"
+
+
+@pytest.fixture(autouse=True)
+def config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    directory = tmp_path / "config"
+    monkeypatch.setenv("OMNI_EDGE_CONFIG_DIR", str(directory))
+    return directory
+
+
+def _devices_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    assert main(["devices", "--json", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_this_machine_lists_the_cpu_with_machine_ram(capsys: pytest.CaptureFixture[str]) -> None:
+    document = _devices_json(capsys)
+    cpus = [d for d in document["devices"] if d["kind"] == "cpu"]
+    assert len(cpus) == 1
+    assert "machine:ram" in cpus[0]["memory_constraints"]
+    assert document["constraints"]["machine:ram"]["capacity"] > 0
+
+
+def test_laptop_topology_lists_four_kinds_and_dgpu_vram(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    document = _devices_json(capsys, "--topology", str(LAPTOP))
+    kinds = {d["kind"]: d for d in document["devices"]}
+    assert set(kinds) == {"cpu", "igpu", "npu", "dgpu"}
+    dgpu = kinds["dgpu"]
+    vram = [c for c in dgpu["memory_constraints"] if c.startswith("machine:vram:")]
+    assert vram == [f"machine:vram:{dgpu['physical_id']}"]
+    for kind in ("cpu", "igpu", "npu"):
+        assert kinds[kind]["memory_constraints"] == ["machine:ram"]
+
+
+def test_table_output_names_devices(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["devices", "--topology", str(LAPTOP)]) == 0
+    out = capsys.readouterr().out
+    assert "RTX 5090" in out
+    assert "machine:vram:" in out
+
+
+def test_selection_persists(config_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    laptop = _devices_json(capsys, "--topology", str(LAPTOP))
+    dgpu = next(d["physical_id"] for d in laptop["devices"] if d["kind"] == "dgpu")
+    document = _devices_json(capsys, "--topology", str(LAPTOP), "--exclude", dgpu)
+    assert dgpu not in document["selection"]["allowed"]
+    saved = json.loads((config_dir / "devices.json").read_text())
+    assert dgpu not in saved["allowed"]
+    again = _devices_json(capsys, "--topology", str(LAPTOP))
+    assert again["selection"]["allowed"] == document["selection"]["allowed"]
+    restored = _devices_json(capsys, "--topology", str(LAPTOP), "--allow-all")
+    assert restored["selection"]["allowed"] is None
+
+
+def test_unknown_device_id_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["devices", "--topology", str(LAPTOP), "--exclude", "GPU-nope"]) == 2
+    assert "GPU-nope" in capsys.readouterr().err
+
+
+def _cpu_pipeline(tmp_path: Path, extra_demands: str = "") -> Path:
+    manifest = make_bundle(tmp_path, kind="add")
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        f"""\
+pipeline: device-check
+async_chunk: false
+stages:
+  - stage_id: 0
+    backend:
+      name: external.graph.v1
+      manifest: {manifest}
+      route: {{name: cpu, interpreter: bundled, worker: ort, ep: cpu, os_domain: posix,
+              max_io_bytes: 1MiB}}
+    resource_budget:
+      capacities: {{machine:ram: 1GiB{", wsl:quota: 1GiB" if extra_demands else ""}}}
+      demands: {{machine:ram: 64MiB{extra_demands}}}
+"""
+    )
+    return path
+
+
+def test_plan_refuses_a_route_on_an_excluded_device(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pipeline = _cpu_pipeline(tmp_path)
+    laptop = _devices_json(capsys, "--topology", str(LAPTOP))
+    cpu = next(d["physical_id"] for d in laptop["devices"] if d["kind"] == "cpu")
+    others = [d["physical_id"] for d in laptop["devices"] if d["physical_id"] != cpu]
+    code = main(["plan", str(pipeline), "--topology", str(LAPTOP), "--devices", ",".join(others)])
+    assert code == 3
+    out = capsys.readouterr().out
+    assert f"({cpu}) which is excluded" in out
+    assert "omni-edge devices --allow" in out
+
+
+def test_plan_warns_about_the_wsl_double_charge(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pipeline = _cpu_pipeline(tmp_path)
+    assert main(["plan", str(pipeline), "--topology", str(CPU_WSL), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert any("wsl:quota" in warning for warning in plan["warnings"])
+    both = _cpu_pipeline(tmp_path / "both", extra_demands=", wsl:quota: 64MiB")
+    assert main(["plan", str(both), "--topology", str(CPU_WSL), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert not any("demands nothing" in warning for warning in plan["warnings"])
