@@ -25,9 +25,6 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
-import onnx
-from google.protobuf.message import DecodeError
-from onnx import external_data_helper
 
 import runtime
 from runtime.contracts.manifest import (
@@ -39,9 +36,12 @@ from runtime.contracts.manifest import (
     check_relative_path,
 )
 from runtime.errors import UsageError, VerificationError
+from runtime.onnx_wire import WireError, external_data_locations
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping, Sequence
+
+    import onnx
 
 __all__ = [
     "BundleCreationError",
@@ -83,15 +83,16 @@ _ACCEPTED: Final[Mapping[str, str]] = {
 _META_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 #: Metadata keys create_bundle derives from its arguments; --meta cannot change them.
 _FIXED_METADATA = ("graph_file", "example_inputs_file")
+#: onnx.TensorProto.DataType values (fixed by the ONNX standard) of floating-point types.
 _FLOAT_TYPES: Final[Mapping[int, str]] = {
-    onnx.TensorProto.FLOAT: "float32",
-    onnx.TensorProto.FLOAT16: "float16",
-    onnx.TensorProto.DOUBLE: "float64",
-    onnx.TensorProto.BFLOAT16: "bfloat16",
-    onnx.TensorProto.FLOAT8E4M3FN: "float8e4m3fn",
-    onnx.TensorProto.FLOAT8E4M3FNUZ: "float8e4m3fnuz",
-    onnx.TensorProto.FLOAT8E5M2: "float8e5m2",
-    onnx.TensorProto.FLOAT8E5M2FNUZ: "float8e5m2fnuz",
+    1: "float32",
+    10: "float16",
+    11: "float64",
+    16: "bfloat16",
+    17: "float8e4m3fn",
+    18: "float8e4m3fnuz",
+    19: "float8e5m2",
+    20: "float8e5m2fnuz",
 }
 
 
@@ -464,6 +465,10 @@ def _check_external_data(
 
 
 def _load_graph(graph_path: Path) -> onnx.ModelProto:
+    # onnx takes seconds to import, so only bundle creation pays for it.
+    import onnx
+    from google.protobuf.message import DecodeError
+
     try:
         model = onnx.load(str(graph_path), format="protobuf", load_external_data=False)
     except (OSError, DecodeError) as exc:
@@ -514,6 +519,8 @@ def _model_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
 
 
 def _external_locations(model: onnx.ModelProto, graph_path: Path) -> tuple[str, ...]:
+    from onnx import external_data_helper
+
     seen: dict[str, None] = {}
     for tensor in _model_tensors(model):
         if not external_data_helper.uses_external_data(tensor):
@@ -532,12 +539,27 @@ def _external_locations(model: onnx.ModelProto, graph_path: Path) -> tuple[str, 
 
 
 def external_data_references(graph_path: Path) -> tuple[str, ...]:
-    """The external-data locations an ONNX graph names (relative to its file), in first-use order.
+    """The distinct external-data locations an ONNX graph names (relative to its file).
 
     Covers initializers, sparse tensors, attribute tensors, subgraphs and local functions. The
-    weights themselves are not read.
+    graph's protobuf wire format is read directly (no ``onnx`` import); weights are not read.
     """
-    return _external_locations(_load_graph(graph_path), graph_path)
+    try:
+        data = graph_path.read_bytes()
+    except OSError as exc:
+        raise VerificationError(
+            f"{graph_path} cannot be read ({exc}); accepted: an ONNX model file",
+            code="bad_graph",
+            subject=str(graph_path),
+        ) from None
+    try:
+        return external_data_locations(data)
+    except WireError as exc:
+        raise VerificationError(
+            f"{graph_path} cannot be read as an ONNX model ({exc}); accepted: an ONNX model file",
+            code="bad_graph",
+            subject=str(graph_path),
+        ) from None
 
 
 def load_example_inputs(bundle: VerifiedBundle) -> dict[str, np.ndarray]:
@@ -786,7 +808,7 @@ def _check_inputs_match_graph(
             problems.append(f"{key!r} is not a tensor input of the graph")
             continue
         tensor_type = value.type.tensor_type
-        expected = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
+        expected = _np_dtype_of(tensor_type.elem_type)
         if array.dtype != expected:
             problems.append(f"{key!r} is {array.dtype}, the graph wants {expected}")
         if tensor_type.HasField("shape"):
@@ -811,11 +833,17 @@ def _check_inputs_match_graph(
         )
 
 
+def _np_dtype_of(elem_type: int) -> np.dtype[Any]:
+    from onnx import helper
+
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+
+
 def _describe_input(value: onnx.ValueInfoProto) -> str:
     if not value.type.HasField("tensor_type"):
         return "non-tensor"
     tensor_type = value.type.tensor_type
-    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)).name
+    dtype = np.dtype(_np_dtype_of(tensor_type.elem_type)).name
     if not tensor_type.HasField("shape"):
         return dtype
     dims = [

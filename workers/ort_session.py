@@ -39,7 +39,7 @@ from runtime.contracts.manifest import (
 )
 from runtime.contracts.messages import TensorSpec
 from workers.errors import WorkerError
-from workers.onnx_wire import WireError, external_data_locations
+from runtime.onnx_wire import WireError, external_data_locations
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence

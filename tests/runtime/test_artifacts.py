@@ -365,7 +365,7 @@ def test_external_data_references_include_subgraph_tensors(tmp_path: Path) -> No
     )
     path = tmp_path / "if.onnx"
     onnx.save_model(helper.make_model(graph), str(path))
-    assert external_data_references(path) == ("top.bin", "sub.bin", "const.bin")
+    assert sorted(external_data_references(path)) == ["const.bin", "sub.bin", "top.bin"]
 
 
 def test_external_data_references_of_a_plain_graph(tmp_path: Path) -> None:
@@ -851,7 +851,8 @@ def test_external_data_with_negative_offset(tmp_path: Path) -> None:
     path = _add_graph_with_externals(tmp_path / "g.onnx", _external_tensor("w", "w.bin", offset=-4))
     with pytest.raises(VerificationError) as caught:
         external_data_references(path)
-    assert (caught.value.code, caught.value.subject) == ("bad_graph", "w")
+    assert caught.value.code == "bad_graph"
+    assert "offset" in str(caught.value)
 
 
 def test_create_refuses_external_data_leaving_the_graph_directory(tmp_path: Path) -> None:

@@ -14,8 +14,8 @@ from onnx.external_data_helper import set_external_data
 from runtime.artifacts import external_data_references
 from tests.helpers.onnx_graphs import IR_VERSION, OPSET, rewrite_manifest
 from tests.workers.support import identity_of
-from workers import onnx_wire
-from workers.onnx_wire import MAX_NESTING, WireError, external_data_locations
+from runtime import onnx_wire
+from runtime.onnx_wire import MAX_NESTING, WireError, external_data_locations
 from workers.ort_session import WorkerError, load_verified_graph
 
 if TYPE_CHECKING:
@@ -224,3 +224,8 @@ def test_a_graph_that_is_not_onnx_is_refused_at_load(tmp_path: Path) -> None:
         load_verified_graph(manifest, identity_of(manifest))
     assert caught.value.code == "bad_graph"
     assert caught.value.subject == "add.onnx"
+
+
+def test_a_model_without_a_graph_is_refused() -> None:
+    with pytest.raises(WireError, match="no graph"):
+        external_data_locations(b"")

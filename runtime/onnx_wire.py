@@ -52,11 +52,15 @@ def external_data_locations(model: bytes | memoryview) -> tuple[str, ...]:
     """The distinct ``location`` values of every external tensor, in first-use order."""
     found: dict[str, None] = {}
     view = memoryview(model)
+    has_graph = False
     for field, wire_type, value, _ in _fields(view):
         if field == _MODEL_GRAPH and wire_type == _LENGTH_DELIMITED:
+            has_graph = True
             _graph(value, found, 1)
         elif field == _MODEL_FUNCTIONS and wire_type == _LENGTH_DELIMITED:
             _nodes_of(value, _FUNCTION_NODE, found, 1)
+    if not has_graph:
+        raise WireError("the model holds no graph")
     return tuple(found)
 
 
@@ -116,6 +120,11 @@ def _tensor(view: memoryview, found: dict[str, None]) -> None:
             key, entry_value = _entry(value)
             if key == "location":
                 location = entry_value
+            elif key in ("offset", "length") and not entry_value.isdigit():
+                raise WireError(
+                    f"tensor {name or '?'!r}: external data {key} {entry_value!r} is not a "
+                    "non-negative integer"
+                )
     if not external:
         return
     if not location:
