@@ -11,11 +11,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import set_external_data
 
+from runtime import onnx_wire
 from runtime.artifacts import external_data_references
+from runtime.onnx_wire import MAX_NESTING, WireError, external_data_locations
 from tests.helpers.onnx_graphs import IR_VERSION, OPSET, rewrite_manifest
 from tests.workers.support import identity_of
-from runtime import onnx_wire
-from runtime.onnx_wire import MAX_NESTING, WireError, external_data_locations
 from workers.ort_session import WorkerError, load_verified_graph
 
 if TYPE_CHECKING:
