@@ -38,8 +38,8 @@ from runtime.contracts.manifest import (
     check_relative_path,
 )
 from runtime.contracts.messages import TensorSpec
-from workers.errors import WorkerError
 from runtime.onnx_wire import WireError, external_data_locations
+from workers.errors import WorkerError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
