@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 BUNDLES_STAMP := assets/bundles/.built
 
-.PHONY: run test lint typecheck unit slow setup system-deps bundles clean
+.PHONY: run test lint typecheck unit slow setup system-deps bundles package clean
 
 run: setup
 	$(BIN)/omni-edge run assets/pipelines/add.yaml --out .omni-edge-run
@@ -39,6 +39,13 @@ $(BUNDLES_STAMP): $(STAMP) assets/build_demos.py
 	touch $(BUNDLES_STAMP)
 
 bundles: $(BUNDLES_STAMP)
+
+# dist/: the project's wheel (demo assets and bundles inside) and omni-stage-contracts'
+# wheel and source archive. build/lib is cleared so no removed module lingers in the wheel.
+package: setup
+	rm -rf build/lib build/bdist.*
+	$(PY) -m build --wheel --outdir dist .
+	$(PY) packaging/build_contracts.py --outdir dist
 
 clean:
 	rm -rf $(VENV) assets/bundles build dist .mypy_cache .ruff_cache .pytest_cache .omni-edge-run
