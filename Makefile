@@ -8,8 +8,14 @@ BUNDLES_STAMP := assets/bundles/.built
 
 .PHONY: run test lint typecheck unit slow setup system-deps bundles package clean
 
+# Without a display (a server, CI) the studio cannot open a window: run its headless self-test.
 run: setup
-	$(BIN)/omni-edge run assets/pipelines/add.yaml --out .omni-edge-run
+	@if [ -n "$$DISPLAY$$WAYLAND_DISPLAY" ]; then \
+		$(BIN)/omni-edge-studio assets/pipelines/speak.yaml; \
+	else \
+		echo "make run: no display; running the studio's headless self-test of the demos"; \
+		$(BIN)/omni-edge-studio --self-test; \
+	fi
 
 test: setup lint
 	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)

@@ -1,0 +1,299 @@
+"""``omni-edge-studio --self-test``: run every bundled demo through the studio, headless.
+
+Each demo is opened, checked before loading, run through the real window and bridge,
+and its result checked: graph chains against the same graphs run in this process by
+ONNX Runtime, streaming pipelines for finite audio or text. Then its stages are
+unloaded and the ledger must be empty; at the end no child process may remain. The
+user's settings and device selection are not touched (a temporary settings file, and
+every device allowed). Prints a summary; the exit status is non-zero on any failure.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import psutil
+from PySide6 import __version__ as pyside_version
+from PySide6.QtCore import QEventLoop, QMessageLogContext, QTimer, QtMsgType, qInstallMessageHandler
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QApplication
+
+from app.demos import demo_pipelines
+from app.models import InputKind, RunOutcome, RunState
+from app.settings import StudioSettings
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from PySide6.QtCore import SignalInstance
+
+    from app.window import MainWindow
+
+SPEECH_TEXT = "Omni Edge Studio self test."
+
+
+#: A warning the offscreen platform prints for every window it shows; not a problem.
+OFFSCREEN_NOISE = "This plugin does not support propagateSizeHints()"
+
+
+def _quiet_offscreen(kind: QtMsgType, _context: QMessageLogContext, message: str) -> None:
+    if message != OFFSCREEN_NOISE:
+        print(message, file=sys.stderr)
+
+
+class StepFailed(Exception):
+    """A self-test step did not reach its expected state."""
+
+
+@dataclass
+class DemoResult:
+    pipeline: str
+    path: str
+    ok: bool
+    seconds: float
+    detail: str
+    outputs: dict[str, Any] = field(default_factory=dict)
+
+
+def wait_until(
+    condition: Callable[[], bool], signals: list[SignalInstance], timeout_s: float, what: str
+) -> None:
+    """Run the event loop until ``condition`` holds, re-checking when any of ``signals`` fires."""
+    if condition():
+        return
+    loop = QEventLoop()
+    timer = QTimer()
+    timer.setSingleShot(True)
+    timer.timeout.connect(loop.quit)
+
+    def check(*_args: object) -> None:
+        if condition():
+            loop.quit()
+
+    for signal in signals:
+        signal.connect(check)
+    timer.start(int(timeout_s * 1000))
+    try:
+        while not condition() and timer.isActive():
+            loop.exec()
+    finally:
+        for signal in signals:
+            signal.disconnect(check)
+        timer.stop()
+    if not condition():
+        raise StepFailed(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def chain_reference(path: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The pipeline's graphs run in this process with ONNX Runtime on the CPU, chained with
+    the pipeline's own handoff transforms."""
+    import onnxruntime as ort
+
+    from runtime.artifacts import verify_bundle
+    from runtime.config import load_pipeline, resolve_callable
+
+    config = load_pipeline(path)
+    arrays: dict[str, np.ndarray] = dict(inputs)
+    outputs: dict[str, np.ndarray] = {}
+    for index, stage in enumerate(config.stages):
+        if index > 0:
+            assert stage.custom_process_input_func is not None
+            transform = resolve_callable(
+                stage.custom_process_input_func, file=None, line=None, key=None
+            )
+            arrays = {
+                name: np.asarray(value) for name, value in transform(outputs)["tensors"].items()
+            }
+        bundle = verify_bundle(stage.backend.manifest)
+        session = ort.InferenceSession(str(bundle.graph_path), providers=["CPUExecutionProvider"])
+        names = [output.name for output in session.get_outputs()]
+        outputs = dict(zip(names, session.run(names, arrays), strict=True))
+    return outputs
+
+
+def _run_demo(window: MainWindow, path: Path, timeout_s: float) -> DemoResult:
+    bridge = window.bridge
+    started = time.perf_counter()
+    errors: list[str] = []
+    bridge.error.connect(lambda info: errors.append(f"{info.title}: {info.message}"))
+    outcomes: list[RunOutcome] = []
+    bridge.run_finished.connect(outcomes.append)
+    window.open_path(path)
+
+    def opened() -> bool:
+        info = bridge.pipeline
+        return bool(errors) or (
+            bridge.state is RunState.READY
+            and info is not None
+            and info.path == path.expanduser().absolute()
+        )
+
+    wait_until(opened, [bridge.state_changed, bridge.error], timeout_s, f"{path.name} to open")
+    info = bridge.pipeline
+    if errors or info is None:
+        raise StepFailed("; ".join(errors) or "the pipeline did not open")
+    if not info.plan.admitted:
+        raise StepFailed("refused before loading: " + "; ".join(info.plan.refusals))
+    if info.input_kind is InputKind.TEXT:
+        window.run_pane.text_input.setPlainText(SPEECH_TEXT)
+    window.stall_monitor.reset()
+    window.run()
+    wait_until(
+        lambda: bool(outcomes) and bridge.state in (RunState.LOADED, RunState.READY),
+        [bridge.run_finished, bridge.state_changed],
+        timeout_s,
+        f"{info.name} to finish",
+    )
+    stalls = window.stall_monitor.stats()
+    outcome = outcomes[-1]
+    if outcome.status != "completed":
+        raise StepFailed(f"the request {outcome.status}: {outcome.message or '; '.join(errors)}")
+    summary: dict[str, Any] = {}
+    if info.input_kind is InputKind.TENSORS:
+        results = window.output.tensors.results
+        if results is None:
+            raise StepFailed("the run completed without tensor results")
+        reference = chain_reference(info.path, info.example_inputs)
+        window.output.tensors.set_reference("in-process ONNX Runtime", reference)
+        comparisons = window.output.tensors.comparisons
+        bad = [c for c in comparisons if not c.ok]
+        if not comparisons or bad:
+            raise StepFailed(
+                "outputs differ from in-process ONNX Runtime: " + "; ".join(c.problem for c in bad)
+            )
+        for comparison in comparisons:
+            array = results.arrays[comparison.name]
+            summary[comparison.name] = {
+                "dtype": str(array.dtype),
+                "shape": list(array.shape),
+                "max_abs_diff": comparison.max_abs,
+            }
+        detail = (
+            ", ".join(
+                f"{name} {tuple(item['shape'])} {item['dtype']} max |diff| {item['max_abs_diff']:.3g}"
+                for name, item in summary.items()
+            )
+            + " vs in-process ONNX Runtime"
+        )
+    else:
+        waveform = window.output.waveform
+        samples = waveform.samples[: waveform.sample_count]
+        chunks, texts = waveform.chunks, window.output.text_view.chunks
+        if chunks == 0 and texts == 0:
+            raise StepFailed("the run completed without audio or text")
+        if not np.all(np.isfinite(samples)):
+            raise StepFailed("the audio has non-finite samples")
+        metrics = window.metrics_panel.metrics
+        summary = {
+            "audio_chunks": chunks,
+            "audio_s": waveform.duration_s,
+            "sample_rate": waveform.sample_rate,
+            "text_chunks": texts,
+            "first_audio_s": None if metrics is None else metrics.first_audio_s,
+            "real_time_factor": None if metrics is None else metrics.real_time_factor,
+        }
+        detail = f"{chunks} audio chunks, {waveform.duration_s:.2f} s at {waveform.sample_rate} Hz, {texts} text chunks"
+    if bridge.state is RunState.LOADED:
+        bridge.unload()
+    wait_until(
+        lambda: bridge.state is RunState.READY,
+        [bridge.state_changed],
+        timeout_s,
+        "the stages to unload",
+    )
+    if not bridge.ledger_snapshot().is_empty:
+        raise StepFailed(f"the ledger still holds {bridge.ledger_snapshot()} after unloading")
+    detail += (
+        f"; event loop during the run: p99 {stalls.p99_ms:.1f} ms, max {stalls.max_ms:.1f} ms "
+        f"over {stalls.samples} ticks"
+    )
+    summary["event_loop"] = stalls.to_json()
+    return DemoResult(info.name, str(path), True, time.perf_counter() - started, detail, summary)
+
+
+def run_self_test(
+    *, report: Path | None = None, step_timeout_s: float = 180.0, demos_folder: Path | None = None
+) -> int:
+    from app.bridge import RuntimeBridge
+    from app.window import MainWindow
+    from runtime.devices import DeviceSelection
+
+    app = QApplication.instance() or QApplication(["omni-edge-studio"])
+    app.setApplicationName("omni-edge-studio self-test")
+    qInstallMessageHandler(_quiet_offscreen)
+    demos = [path for path, _description in demo_pipelines(demos_folder)]
+    print(
+        f"omni-edge-studio self-test: Qt {QGuiApplication.platformName()}, PySide6 {pyside_version}, "
+        f"{len(demos)} demo pipeline(s), every device allowed"
+    )
+    results: list[DemoResult] = []
+    with tempfile.TemporaryDirectory(prefix="omni-studio-selftest-") as folder:
+        settings = StudioSettings(Path(folder) / "studio.ini")
+        window = MainWindow(
+            settings=settings,
+            bridge=RuntimeBridge(selection=DeviceSelection()),
+            demos_folder=demos_folder,
+        )
+        window.show()
+        try:
+            for path in demos:
+                try:
+                    result = _run_demo(window, path, step_timeout_s)
+                except StepFailed as exc:
+                    result = DemoResult(path.stem, str(path), False, 0.0, str(exc))
+                results.append(result)
+                print(
+                    f"  {'ok  ' if result.ok else 'FAIL'} {path.stem:<12} {result.seconds:6.2f} s  {result.detail}"
+                )
+        finally:
+            window.close()
+            try:
+                wait_until(
+                    lambda: window.bridge.state is RunState.CLOSED,
+                    [window.bridge.shut_down],
+                    step_timeout_s,
+                    "the studio to shut down",
+                )
+            except StepFailed as exc:
+                results.append(DemoResult("shutdown", "", False, 0.0, str(exc)))
+    leftovers = [
+        child
+        for child in psutil.Process().children(recursive=True)
+        if child.status() != psutil.STATUS_ZOMBIE
+    ]
+    if leftovers:
+        results.append(
+            DemoResult(
+                "shutdown",
+                "",
+                False,
+                0.0,
+                f"child processes left running: {[child.pid for child in leftovers]}",
+            )
+        )
+    failed = [result for result in results if not result.ok]
+    if not demos:
+        failed.append(DemoResult("demos", "", False, 0.0, "no demo pipelines were found"))
+    for result in failed:
+        if result.pipeline in ("shutdown", "demos"):
+            print(f"  FAIL {result.pipeline}: {result.detail}")
+    if report is not None:
+        report.write_text(
+            json.dumps(
+                {"ok": not failed, "results": [asdict(result) for result in results]},
+                indent=2,
+            ),
+            encoding="utf-8",
+        )
+    print(
+        "self-test passed" if not failed else f"self-test FAILED ({len(failed)} problem(s))",
+        file=sys.stdout if not failed else sys.stderr,
+    )
+    return 0 if not failed else 1

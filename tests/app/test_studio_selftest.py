@@ -1,0 +1,86 @@
+"""``omni-edge-studio --self-test``: a real child process, offscreen, with the demo bundles."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _assets(demo_root: Path, tmp_path: Path, pipelines: tuple[str, ...]) -> Path:
+    """An assets folder with the built bundles and only the named demo pipelines."""
+    assets = tmp_path / "assets"
+    (assets / "pipelines").mkdir(parents=True)
+    (assets / "bundles").symlink_to(demo_root / "bundles")
+    for name in pipelines:
+        shutil.copy(demo_root / "pipelines" / f"{name}.yaml", assets / "pipelines")
+    return assets
+
+
+def _self_test(assets: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    environment = {
+        **os.environ,
+        "OMNI_EDGE_ASSETS": str(assets),
+        "OMNI_EDGE_CONFIG_DIR": str(tmp_path / "config"),
+        "OMNI_EDGE_DATA_DIR": str(tmp_path / "data"),
+    }
+    environment.pop("DISPLAY", None)
+    return subprocess.run(
+        [sys.executable, "-m", "app", "--self-test", "--report", str(tmp_path / "report.json")],
+        cwd=REPO_ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+
+
+def test_the_self_test_runs_the_graph_demos_and_exits_zero(demo_root: Path, tmp_path: Path) -> None:
+    result = _self_test(_assets(demo_root, tmp_path, ("add", "mlp-chain")), tmp_path)
+    print(result.stdout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Qt offscreen" in result.stdout
+    assert "self-test passed" in result.stdout
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["ok"] is True
+    assert [entry["pipeline"] for entry in report["results"]] == ["demo_add", "demo_mlp_chain"]
+    assert report["results"][0]["outputs"]["sum"]["max_abs_diff"] == 0.0
+    assert report["results"][1]["outputs"]["y"]["shape"] == [1, 16]
+    assert report["results"][0]["outputs"]["event_loop"]["samples"] > 0
+    assert not (tmp_path / "config" / "devices.json").exists()  # the user's selection is untouched
+
+
+def test_the_self_test_exits_non_zero_when_a_demo_fails(demo_root: Path, tmp_path: Path) -> None:
+    assets = _assets(demo_root, tmp_path, ())
+    broken = (
+        (demo_root / "pipelines" / "add.yaml")
+        .read_text()
+        .replace("../bundles/add/manifest.json", "../bundles/missing/manifest.json")
+    )
+    (assets / "pipelines" / "broken.yaml").write_text(broken)
+    result = _self_test(assets, tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAIL broken" in result.stdout
+    assert "missing/manifest.json" in result.stdout
+    assert "self-test FAILED (1 problem(s))" in result.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["ok"] is False
+
+
+def test_the_entry_point_refuses_a_missing_pipeline_and_an_unknown_worker(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app.main import main
+
+    assert main([str(tmp_path / "missing.yaml")]) == 2
+    assert "missing.yaml: no such file" in capsys.readouterr().err
+    assert main(["--worker", "nonsense"]) == 2
+    assert "--worker needs one of ort" in capsys.readouterr().err
