@@ -17,7 +17,9 @@ from . import __version__
 from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, OmniError
 
 if TYPE_CHECKING:
+    from .config import PipelineConfig
     from .devices import DeviceSelection, Topology
+    from .engine.outputs import OmniRequestOutput
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -217,6 +219,176 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_FAILED if problems else EXIT_OK
 
 
+def _progress(line: str) -> None:
+    print(f"omni-edge: {line}", file=sys.stderr, flush=True)
+
+
+def cmd_bundle_export_voice(args: argparse.Namespace) -> int:
+    from .adapters.voice_export import default_voice_dir, ensure_voice_bundles, export_voice
+
+    out = Path(args.out) if args.out else default_voice_dir(args.voice)
+    exported: list[str] = []
+
+    def progress(line: str) -> None:
+        exported.append(line)
+        _progress(line)
+
+    if args.if_missing:
+        bundles = ensure_voice_bundles(args.voice, out, progress=progress)
+    else:
+        progress(f"exporting voice {args.voice!r} into {out}")
+        bundles = export_voice(out, args.voice)
+    validation = bundles.validation
+    summary = {
+        "voice": args.voice,
+        "root": str(bundles.root),
+        "exported": bool(exported),
+        "acoustic": str(bundles.acoustic.manifest_path),
+        "decoder": str(bundles.decoder.manifest_path),
+        "checkpoint_revision": bundles.checkpoint_revision,
+        "max_abs_error": validation.get("max_abs_error"),
+        "min_snr_db": validation.get("min_snr_db"),
+    }
+    if args.json:
+        _print_json(summary)
+    else:
+        state = "exported" if exported else "already present and verified"
+        print(f"voice {args.voice} {state} at {bundles.root}")
+        print(f"  acoustic {bundles.acoustic.manifest_path}  identity {bundles.acoustic.identity}")
+        print(f"  decoder  {bundles.decoder.manifest_path}  identity {bundles.decoder.identity}")
+        print(
+            f"  validated against the uncut voice: max abs error {summary['max_abs_error']}, "
+            f"SNR {summary['min_snr_db']} dB"
+        )
+    return EXIT_OK
+
+
+def _speak_config(args: argparse.Namespace) -> PipelineConfig:
+    import dataclasses
+
+    from .adapters.voice_export import ensure_voice_bundles
+    from .assets import demo_pipeline
+    from .config import load_pipeline
+    from .errors import UsageError
+
+    if args.pipeline is None:
+        # The default pipeline reads the default voice from the user data directory.
+        ensure_voice_bundles("joe", progress=_progress)
+        path = demo_pipeline("speak")
+    else:
+        path = Path(args.pipeline)
+    config = load_pipeline(path)
+    if args.deterministic:
+        if config.adapter is None:
+            raise UsageError(f"--deterministic: pipeline {path} has no speech adapter")
+        options = {**config.adapter.options, "scales": "deterministic"}
+        config = dataclasses.replace(
+            config, adapter=dataclasses.replace(config.adapter, options=options)
+        )
+    return config
+
+
+def _device_arg(text: str | None) -> str | int | None:
+    """``--device``: an index when it is a number, else a name."""
+    if text is None:
+        return None
+    return int(text) if text.strip().isdigit() else text
+
+
+def cmd_speak(args: argparse.Namespace) -> int:
+    import time
+
+    from .adapters.speak import speak
+    from .adapters.tts import SpeechAdapter
+    from .api import Omni
+    from .engine.program import load_program
+    from .errors import UsageError
+
+    out = Path(args.out) if args.out else None
+    metrics_path = Path(args.metrics) if args.metrics else None
+    for path, flag in ((out, "--out"), (metrics_path, "--metrics")):
+        if path is not None and (not path.parent.is_dir() or path.is_dir()):
+            raise UsageError(
+                f"{flag} {path}: accepted: a file in an existing folder"
+                + ("" if path.parent.is_dir() else f" ({path.parent} does not exist)")
+            )
+    play = args.play or args.device is not None
+    device = _device_arg(args.device)
+    if play:
+        from .audio import resolve_output_device
+
+        # A missing or unknown output is reported before anything loads.
+        resolve_output_device(device)
+    config = _speak_config(args)
+    program = load_program(config)
+    if not isinstance(program, SpeechAdapter):
+        raise UsageError(
+            f"pipeline {config.pipeline} cannot speak; accepted: a pipeline whose adapter is "
+            "runtime.adapters.tts:SpeechAdapter (e.g. assets/pipelines/speak.yaml)"
+        )
+    # Unspeakable text is refused here, before any stage starts.
+    started = time.perf_counter()
+    plan = program.prepare(args.text)
+    preparation_s = time.perf_counter() - started
+    heard: list[bool] = []
+
+    def first_audio(output: OmniRequestOutput) -> None:
+        if not heard and output.outputs["pcm"].size:
+            heard.append(True)
+            _progress("speaking; press Ctrl+C to stop")
+
+    with Omni(
+        config,
+        topology=_topology(args) if args.topology else None,
+        selection=_selection(args),
+    ) as omni:
+        result = speak(
+            omni,
+            plan,
+            out=out,
+            play=play,
+            device=device,
+            on_chunk=first_audio,
+        )
+    for item in result.skipped[:10]:
+        _progress(f"skipped {item['reason']} {item['text']!r}: {item['detail']}")
+    if metrics_path is not None:
+        document = {
+            **result.to_metrics(),
+            "pipeline": config.pipeline,
+            "text_chars": len(args.text),
+            "text_preparation_s": preparation_s,
+        }
+        metrics_path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    print(result.summary())
+    if result.status == "interrupted":
+        _progress("interrupted; the speech was stopped and nothing is left running")
+        return EXIT_INTERRUPTED
+    return EXIT_OK
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import importlib
+
+    from .errors import UsageError
+    from .host import default_project_root
+
+    # The suite lives in the source checkout beside the packages, not in an installed build.
+    root = default_project_root()
+    if not (root / "benchmarks" / "suite.py").is_file():
+        raise UsageError(
+            f"omni-edge bench runs from a source checkout; {root} has no benchmarks/suite.py"
+        )
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    suite = importlib.import_module("benchmarks.suite")
+
+    def log(line: str) -> None:
+        print(f"omni-edge bench: {line}", file=sys.stderr, flush=True)
+
+    return int(suite.main_with(args, log=log))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="omni-edge",
@@ -267,7 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     devices.add_argument("--allow-all", action="store_true", help="allow every device (saved)")
     devices.set_defaults(handler=cmd_devices)
 
-    bundle = commands.add_parser("bundle", help="create artifact bundles")
+    bundle = commands.add_parser("bundle", help="create artifact bundles; export voices")
     bundle_commands = bundle.add_subparsers(dest="bundle_command", required=True, metavar="ACTION")
     create = bundle_commands.add_parser(
         "create", help="copy a graph, its external data and example inputs into a bundle"
@@ -285,6 +457,74 @@ def build_parser() -> argparse.ArgumentParser:
     )
     create.add_argument("--json", action="store_true", help="print the bundle as JSON")
     create.set_defaults(handler=cmd_bundle_create)
+    export_voice = bundle_commands.add_parser(
+        "export-voice",
+        help="cut an installed Piper voice into acoustic and decoder bundles (validated)",
+    )
+    export_voice.add_argument("--voice", default="joe", help="the voice to export (joe)")
+    export_voice.add_argument(
+        "--out",
+        metavar="DIR",
+        help="new (or empty) directory (default: voices/<voice> in the user data directory)",
+    )
+    export_voice.add_argument(
+        "--if-missing",
+        action="store_true",
+        help="do nothing when bundles of the installed voice already verify there",
+    )
+    export_voice.add_argument("--json", action="store_true", help="print a JSON summary")
+    export_voice.set_defaults(handler=cmd_bundle_export_voice)
+
+    speak = commands.add_parser(
+        "speak", help="speak a text with the streaming voice pipeline; write a WAV and/or play"
+    )
+    speak.add_argument("text", help="the text to speak")
+    speak.add_argument("--out", metavar="FILE.wav", help="write the speech as a 16-bit WAV file")
+    speak.add_argument("--play", action="store_true", help="play the speech as it is produced")
+    speak.add_argument(
+        "--device",
+        metavar="NAME|INDEX",
+        help="audio output by name (a part of it) or index (implies --play)",
+    )
+    speak.add_argument(
+        "--metrics",
+        metavar="FILE.json",
+        help="write time to first audio, real-time factor, underruns, ... as JSON",
+    )
+    speak.add_argument(
+        "--pipeline",
+        metavar="YAML",
+        help="a speech pipeline (default: assets/pipelines/speak.yaml with the voice joe)",
+    )
+    speak.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="no sampling noise: the same text always gives the same audio",
+    )
+    _add_machine_args(speak)
+    speak.set_defaults(handler=cmd_speak)
+
+    bench = commands.add_parser(
+        "bench",
+        help="measure every speed goal beside its baseline; write benchmarks/results/latest.*",
+    )
+    bench.add_argument(
+        "--quick", action="store_true", help="fewer iterations, no vLLM (the CI mode, < 3 min)"
+    )
+    bench.add_argument(
+        "--out", metavar="DIR", help="write latest.json and latest.md here (benchmarks/results)"
+    )
+    bench.add_argument(
+        "--only",
+        metavar="ID[,ID...]",
+        help="run only these: graph, handoff, startup, ledger, speech, vllm, studio, memory",
+    )
+    bench.add_argument(
+        "--update-readme",
+        action="store_true",
+        help="rewrite the results table in README.md (between the bench markers)",
+    )
+    bench.set_defaults(handler=cmd_bench)
     return parser
 
 
@@ -307,10 +547,14 @@ def studio_main(argv: Sequence[str] | None = None) -> int:
 
     This build has no desktop window; it runs the pipeline once and prints its results.
     """
-    from .host import default_project_root
+    from .assets import demo_pipeline
 
     args = list(sys.argv[1:] if argv is None else argv)
-    pipeline = args[0] if args else str(default_project_root() / "assets/pipelines/add.yaml")
+    try:
+        pipeline = args[0] if args else str(demo_pipeline("add"))
+    except OmniError as exc:
+        print(f"omni-edge-studio: {exc}", file=sys.stderr)
+        return exc.exit_code
     print("omni-edge-studio: this build has no desktop window; running the pipeline headless")
     return main(["run", pipeline, *args[1:]])
 

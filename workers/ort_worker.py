@@ -19,6 +19,7 @@ The placement gate itself runs in the controller, which sees the split in ``read
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -79,6 +80,11 @@ if TYPE_CHECKING:
 WORKER_NAME: Final = "ort"
 #: Same value as runtime.host.launch.GENERATION_VARIABLE (not imported: the worker stays lean).
 GENERATION_VARIABLE: Final = "OMNI_EDGE_WORKER_GENERATION"
+#: Names this worker's private temporary directory, which it removes when it exits. Same value
+#: as runtime.backends.graph.PRIVATE_TMPDIR_VARIABLE.
+PRIVATE_TMPDIR_VARIABLE: Final = "OMNI_EDGE_WORKER_TMPDIR"
+#: Prefix of the private temporary directories the controller makes for graph workers.
+PRIVATE_TMPDIR_PREFIX: Final = "oe-graph-"
 #: Folder name prefix of the temporary profile used where assignment info is unavailable.
 PROFILE_PREFIX: Final = "omni-edge-ort-profile-"
 EXIT_OK: Final = 0
@@ -284,6 +290,20 @@ def run(channel: FramedChannel, generation: int) -> int:
         worker.close()
 
 
+def _remove_private_tmpdir() -> None:
+    """Remove the temporary directory the controller made for this worker alone, if any.
+
+    The controller removes it too once the worker is retired; this covers a controller that
+    was killed and can no longer do so. Only a folder that is both ``TMPDIR`` and named like
+    the controller's private folders is removed.
+    """
+    private = os.environ.get(PRIVATE_TMPDIR_VARIABLE)
+    if not private or private != os.environ.get("TMPDIR"):
+        return
+    if Path(private).name.startswith(PRIVATE_TMPDIR_PREFIX):
+        shutil.rmtree(private, ignore_errors=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: claim stdio for frames, then :func:`run`."""
     del argv  # The worker takes no arguments: its instructions arrive in ``load``.
@@ -302,6 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(channel, generation)
     finally:
         channel.close()
+        _remove_private_tmpdir()
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ from runtime.errors import UsageError, VerificationError
 from runtime.paths import data_dir
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
 __all__ = [
     "DEFAULT_ACOUSTIC_BUCKETS",
@@ -83,6 +83,7 @@ __all__ = [
     "join_chunks",
     "load_voice_bundles",
     "pick_bucket",
+    "read_voice_bundles",
     "snr_db",
 ]
 
@@ -567,8 +568,16 @@ def _int_list(value: object) -> tuple[int, ...] | None:
 
 def load_voice_bundles(root: Path) -> VoiceBundles:
     """Verify ``root/acoustic`` and ``root/decoder`` and read their voice metadata."""
-    acoustic = verify_bundle(Path(root) / "acoustic")
-    decoder = verify_bundle(Path(root) / "decoder")
+    return read_voice_bundles(Path(root) / "acoustic", Path(root) / "decoder", root=Path(root))
+
+
+def read_voice_bundles(
+    acoustic_manifest: Path, decoder_manifest: Path, *, root: Path | None = None
+) -> VoiceBundles:
+    """Verify an acoustic and a decoder bundle (manifest files or directories) wherever they
+    are, and read their voice metadata; ``root`` defaults to the acoustic bundle's parent."""
+    acoustic = verify_bundle(acoustic_manifest)
+    decoder = verify_bundle(decoder_manifest)
     for bundle, role in ((acoustic, "acoustic"), (decoder, "decoder")):
         meta = bundle.manifest.metadata
         if meta.get("voice_export_format") != EXPORT_FORMAT or meta.get("role") != role:
@@ -605,7 +614,7 @@ def load_voice_bundles(root: Path) -> VoiceBundles:
             "schedule, frame_buckets (positive ints), context [left, right] and samples_per_frame",
         )
     return VoiceBundles(
-        root=Path(root),
+        root=acoustic.root.parent if root is None else root,
         acoustic=acoustic,
         decoder=decoder,
         voice=voice,
@@ -900,15 +909,26 @@ def _current(root: Path, installed: InstalledVoice) -> VoiceBundles | None:
     return bundles if bundles.checkpoint_revision.startswith(prefix) else None
 
 
-def ensure_voice_bundles(voice: str = "joe", root: Path | None = None) -> VoiceBundles:
+def ensure_voice_bundles(
+    voice: str = "joe",
+    root: Path | None = None,
+    *,
+    progress: Callable[[str], None] | None = None,
+) -> VoiceBundles:
     """Export the voice into ``root`` (default :func:`default_voice_dir`) unless bundles of
     the installed release already verify there. Atomic: the export goes to a temporary
-    sibling directory that replaces ``root`` only when complete; a failure leaves nothing."""
+    sibling directory that replaces ``root`` only when complete; a failure leaves nothing.
+    ``progress`` hears one line before an export starts (nothing when the bundles exist)."""
     target = default_voice_dir(voice) if root is None else Path(root)
     installed = find_voice(voice)
     existing = _current(target, installed)
     if existing is not None:
         return existing
+    if progress is not None:
+        progress(
+            f"exporting voice {voice!r} ({installed.source.package} {installed.version}) into "
+            f"{target}; this runs once"
+        )
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.export-", dir=target.parent))
     retired: Path | None = None

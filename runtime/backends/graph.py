@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 import numpy as np
@@ -125,6 +128,7 @@ class GraphStageClient:
         self._worker: WorkerProcess | None = None
         self._channel: FramedChannel | None = None
         self._shm_prefix: str | None = None
+        self._tmpdir: Path | None = None
         self._ready: ReadyMessage | None = None
         self._placement: PlacementReport | None = None
         self._inputs: tuple[TensorSpec, ...] = ()
@@ -177,8 +181,11 @@ class GraphStageClient:
             self.route.interpreter, frozen=frozen, os_domain=self.route.os_domain
         )
         argv = worker_argv(interpreter, self.route.worker, frozen=frozen)
+        extra = dict(self.route.env)
+        if self._tmpdir is not None:
+            extra.update(_temp_variables(self._tmpdir, self.route.os_domain))
         env = worker_environment(
-            dict(self.route.env), generation=self.generation, project_root=default_project_root()
+            extra, generation=self.generation, project_root=default_project_root()
         )
         return LaunchSpec(argv=argv, env=env, cwd=None, os_domain=self.route.os_domain)
 
@@ -186,6 +193,9 @@ class GraphStageClient:
         """Spawn, handshake, load, warm up and pass the placement gate."""
         self._loop = asyncio.get_running_loop()
         same_domain = self.route.os_domain == current_os_domain()
+        if same_domain:
+            # Whatever the worker or its libraries leave in TMPDIR goes when it is retired.
+            self._tmpdir = Path(tempfile.mkdtemp(prefix=f"oe-graph-{self.generation}-"))
         self._worker = spawn_worker(self._launch_spec(), f"{self.name}-g{self.generation}")
         if same_domain:
             self._shm_prefix = new_prefix(os.getpid(), self.generation)
@@ -540,6 +550,7 @@ class GraphStageClient:
             self._channel.close()
         if self._shm_prefix is not None:
             sweep_segments(self._shm_prefix)
+        self._remove_tmpdir(outcome)
         self._settle_reservation(outcome)
         if outcome is not None and self._events is not None:
             self._events.publish(
@@ -551,6 +562,18 @@ class GraphStageClient:
                 )
             )
         return outcome
+
+    def _remove_tmpdir(self, outcome: RetireOutcome | None) -> None:
+        tmpdir = self._tmpdir
+        if tmpdir is None:
+            return
+        if outcome is not None and not outcome.confirmed_gone:
+            log.warning(
+                "%s: kept %s, which a surviving worker process may still use", self.name, tmpdir
+            )
+            return
+        self._tmpdir = None
+        shutil.rmtree(tmpdir, ignore_errors=True)
 
     def _settle_reservation(self, outcome: RetireOutcome | None) -> None:
         reservation, self._reservation = self._reservation, None
@@ -614,6 +637,19 @@ def _worker_error(stage: str, message: ErrorMessage, *, cpu_allowed: bool) -> Om
     if message.code in ("bad_route", "too_large"):
         return ConfigError(text)
     return ModelError(text)
+
+
+#: Names the worker's private temporary directory, which it removes when it exits (a worker
+#: outliving a killed controller cleans up after itself). Same value as in ``workers.ort_worker``.
+PRIVATE_TMPDIR_VARIABLE = "OMNI_EDGE_WORKER_TMPDIR"
+
+
+def _temp_variables(tmpdir: Path, os_domain: str) -> dict[str, str]:
+    """The variables that point a worker's temporary files at ``tmpdir``, its own folder."""
+    variables = {"TMPDIR": str(tmpdir), PRIVATE_TMPDIR_VARIABLE: str(tmpdir)}
+    if os_domain == "windows":
+        variables.update({"TEMP": str(tmpdir), "TMP": str(tmpdir)})
+    return variables
 
 
 def _spec(wire: Any) -> TensorSpec:

@@ -62,6 +62,8 @@ class Request:
     submitted_at: float = field(default_factory=time.perf_counter)
     task: asyncio.Task[None] | None = None
     cancelled: bool = False
+    #: Set by any thread the moment a cancel is asked for, before the loop gets to it.
+    cancel_requested: bool = False
     stage_metrics: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -266,6 +268,7 @@ class Orchestrator:
             request = self._requests.get(request_id)
             if request is None or self._state != "running":
                 return False
+            request.cancel_requested = True
         assert self._loop is not None
         future = asyncio.run_coroutine_threadsafe(
             self._cancel(request, f"request {request_id} was cancelled"), self._loop
@@ -308,6 +311,7 @@ class Orchestrator:
         if request.cancelled or request.stream.closed:
             return
         request.cancelled = True
+        request.cancel_requested = True
         request.stream.put(RequestCancelled(reason))
         old_key = request.key
         request.key = old_key.fenced()

@@ -20,7 +20,7 @@ import numpy as np
 from runtime.config import resolve_callable
 from runtime.engine.events import EventBus, RequestOutputReady, StageCallFinished
 from runtime.engine.outputs import OmniRequestOutput
-from runtime.errors import ModelError, UsageError
+from runtime.errors import ModelError, RequestCancelled, UsageError
 
 if TYPE_CHECKING:
     from runtime.backends.base import CallResult, TensorSpec
@@ -74,7 +74,12 @@ class RequestContext:
         self, stage: int, tensors: Mapping[str, np.ndarray], *, hold: bool = False
     ) -> CallResult:
         """One call of ``stage``. Its result arrays are already the caller's copies, so the
-        slot is acknowledged at once unless ``hold`` keeps it (release with :meth:`release`)."""
+        slot is acknowledged at once unless ``hold`` keeps it (release with :meth:`release`).
+
+        A request cancelled while the program ran (during a handoff, say) starts no new call,
+        so no worker is retired for a call that had not begun."""
+        if self.request.cancel_requested:
+            raise RequestCancelled(f"request {self.request_id} was cancelled")
         client = self._clients[stage]
         started = time.perf_counter()
         result = await client.call(self.request.key, tensors)

@@ -1,12 +1,12 @@
 """Session-wide fixtures for the speech tests: the installed voice, Piper itself, and one export.
 
 The export (cut, validation, two bundles) runs once per test session into a temporary voice
-directory through :func:`ensure_voice_bundles`, the same call ``make run`` uses.
+directory through :func:`ensure_voice_bundles`, the same call ``make run`` uses; it is shared
+with the CLI and playback tests through :func:`tests.helpers.voice.export_once`.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -15,22 +15,11 @@ import pytest
 from piper import PiperVoice
 
 from runtime.adapters.tts_text import Phonemizer, VoiceConfig
-from runtime.adapters.voice_export import (
-    InstalledVoice,
-    VoiceBundles,
-    ensure_voice_bundles,
-    find_voice,
-)
+from runtime.adapters.voice_export import InstalledVoice, find_voice
+from tests.helpers.voice import Exported, export_once
 
 if TYPE_CHECKING:
     from pathlib import Path
-
-
-@dataclass(frozen=True)
-class Exported:
-    bundles: VoiceBundles
-    root: Path
-    seconds: float
 
 
 @dataclass(frozen=True)
@@ -70,10 +59,7 @@ def piper_voice(installed_voice: InstalledVoice) -> PiperVoice:
 
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> Exported:
-    root = tmp_path_factory.mktemp("data") / "voices" / "joe"
-    started = time.perf_counter()
-    bundles = ensure_voice_bundles("joe", root)
-    return Exported(bundles, root, time.perf_counter() - started)
+    return export_once(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

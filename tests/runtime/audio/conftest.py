@@ -166,10 +166,13 @@ class JackServer:
     period: int
     environment: dict[str, str]
 
-    def run_scenario(self, scenario: str, timeout_s: float = 40.0) -> dict[str, Any]:
-        """Run ``jack_playback_child.py SCENARIO`` in a fresh process; return its JSON."""
+    def run_scenario(
+        self, scenario: str, timeout_s: float = 40.0, *, child: Path = CHILD
+    ) -> dict[str, Any]:
+        """Run ``child SCENARIO`` (``jack_playback_child.py`` unless named) in a fresh
+        process; return its JSON."""
         completed = subprocess.run(
-            [sys.executable, str(CHILD), scenario],
+            [sys.executable, str(child), scenario],
             env={**os.environ, **self.environment, "PYTHONPATH": str(REPO)},
             cwd=REPO,
             capture_output=True,

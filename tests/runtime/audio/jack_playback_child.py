@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -156,8 +157,9 @@ def cancel() -> dict[str, Any]:
 SCENARIOS = {"utterances": utterances, "pause": pause, "cancel": cancel}
 
 
-def main() -> int:
-    scenario = SCENARIOS[sys.argv[1]]
+def main(scenarios: dict[str, Callable[[], dict[str, Any]]] = SCENARIOS) -> int:
+    """Run ``sys.argv[1]`` of ``scenarios`` and print its JSON with what it left behind."""
+    scenario = scenarios[sys.argv[1]]
     process = psutil.Process()
     threads_before = set(threading.enumerate())
     shm_before = _shm_names()
