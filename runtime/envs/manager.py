@@ -38,10 +38,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Final, Literal
 
-import platformdirs
-
 from runtime.errors import ExecutionError, RefusedError, UsageError
-from runtime.host.launch import APP_NAME, default_project_root, is_frozen
+from runtime.host.launch import default_env_dir, default_project_root, is_frozen
+from runtime.paths import data_dir
 
 from .recipes import ENV_NAME_PATTERN, RECIPES, EnvRecipe, EnvStep, env_python_path, step_argv
 
@@ -152,17 +151,9 @@ class EnvInfo:
 # -- locations ------------------------------------------------------------------------
 
 
-def data_dir() -> Path:
-    """The user data directory: ``$OMNI_EDGE_DATA_DIR`` or platformdirs' user data dir."""
-    override = os.environ.get(DATA_DIR_VARIABLE)
-    if override:
-        return Path(override)
-    return Path(platformdirs.user_data_dir(APP_NAME))
-
-
 def envs_root() -> Path:
-    """Where managed environments live: ``data_dir() / "envs"``."""
-    return data_dir() / "envs"
+    """Where managed environments live (the route resolver looks in the same place)."""
+    return default_env_dir()
 
 
 def _root(root: Path | None) -> Path:
