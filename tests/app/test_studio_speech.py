@@ -1,8 +1,8 @@
 """The speech demo in the studio: the waveform grows and the metrics fill as audio streams;
 cancelling mid-speech returns to idle with nothing held.
 
-Slow: the Piper voice is exported into bundles once per session (about 20 s) and each run
-loads two workers holding the voice's graphs.
+The Piper voice is exported into bundles once per test session (shared with the other
+speech tests); each run loads two workers holding the voice's graphs.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 from PySide6.QtCore import Qt
 
 from app.models import InputKind, RunState
-from runtime.adapters.voice_export import ensure_voice_bundles
 from tests.app.support import open_pipeline, wait_state
+from tests.helpers.voice import export_once
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -31,15 +31,10 @@ LONG_TEXT = " ".join(
     ]
 )
 
-pytestmark = pytest.mark.slow
-
-
 @pytest.fixture(scope="session")
 def voice_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A user data folder holding the exported voice the speak demo names (``${data}``)."""
-    data = tmp_path_factory.mktemp("voice-data")
-    ensure_voice_bundles("joe", data / "voices" / "joe")
-    return data
+    return export_once(tmp_path_factory).data_dir
 
 
 @pytest.fixture
