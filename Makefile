@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 BUNDLES_STAMP := assets/bundles/.built
 
-.PHONY: run test lint typecheck unit slow setup system-deps bundles package clean
+.PHONY: run test lint typecheck unit slow reliability bench bench-quick setup system-deps bundles voice package clean
 
 # Without a display (a server, CI) the studio cannot open a window: run its headless self-test.
 run: setup
@@ -23,13 +23,33 @@ test: setup lint
 slow: setup
 	HYPOTHESIS_PROFILE=slow $(BIN)/pytest -m slow $(PYTEST_ARGS)
 
+# Fault matrix, security checks, fuzzing and the 1,000-request soak, written to
+# benchmarks/results/reliability.json (about 35 minutes on two cores).
+FUZZ_EXAMPLES ?= 10000
+SOAK_REQUESTS ?= 1000
+reliability: setup
+	$(PY) benchmarks/reliability.py --fuzz-examples $(FUZZ_EXAMPLES) --soak-requests $(SOAK_REQUESTS)
+
+# Every speed goal measured beside its baseline: benchmarks/results/latest.{json,md}.
+# `bench` also rewrites the results table in README.md; `bench-quick` is the CI mode (< 3 min).
+bench: setup
+	$(BIN)/omni-edge bench --update-readme
+
+bench-quick: setup
+	$(BIN)/omni-edge bench --quick
+
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-setup: system-deps $(STAMP) $(BUNDLES_STAMP)
+setup: system-deps $(STAMP) $(BUNDLES_STAMP) voice
+
+# The speech demo's voice bundles, exported once into the user data directory (about 20 s);
+# when bundles of the installed voice already verify there, this only checks them.
+voice: $(STAMP)
+	$(BIN)/omni-edge bundle export-voice --if-missing
 
 system-deps:
 	@sh packaging/system-deps.sh

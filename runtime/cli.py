@@ -298,7 +298,7 @@ def _device_arg(text: str | None) -> str | int | None:
 def cmd_speak(args: argparse.Namespace) -> int:
     import time
 
-    from .adapters.speak import speak
+    from .adapters.speak import speak_interruptibly
     from .adapters.tts import SpeechAdapter
     from .api import Omni
     from .engine.program import load_program
@@ -342,7 +342,8 @@ def cmd_speak(args: argparse.Namespace) -> int:
         topology=_topology(args) if args.topology else None,
         selection=_selection(args),
     ) as omni:
-        result = speak(
+        # Ctrl+C stops the player within one block, then cancels the request.
+        result = speak_interruptibly(
             omni,
             plan,
             out=out,

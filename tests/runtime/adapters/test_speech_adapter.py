@@ -1,0 +1,403 @@
+"""The speech adapter through the real engine: two ORT worker processes (acoustic, decoder),
+chunks streamed as partial outputs, joined audio equal to a whole decode, the sound of
+one-process Piper, bad input, and a cancel mid-utterance that leaves nothing behind."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pytest
+from piper import SynthesisConfig
+
+from runtime.adapters.speak import NotASpeechPipeline, speak
+from runtime.adapters.tts import SpeechAdapter, SpeechOptions, SpeechOptionsError
+from runtime.adapters.tts_text import SpeechInputError, SpeechPlan, Utterance
+from runtime.adapters.voice_export import acoustic_inputs
+from runtime.api import AsyncOmni, Omni
+from runtime.audio import AudioPlayer
+from runtime.devices import DeviceSelection, discover_topology
+from runtime.errors import RequestCancelled, UsageError
+from tests.helpers.audio_metrics import log_mel_correlation
+from tests.helpers.onnx_graphs import make_bundle
+from tests.helpers.voice import assert_speech, speak_config
+from tests.runtime.audio.conftest import alsa_null
+from tests.runtime.engine.support import (
+    StageSpec,
+    process_gone,
+    shm_entries,
+    wait_until,
+    write_pipeline,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from pathlib import Path
+
+    from piper import PiperVoice
+
+    from runtime.devices import Topology
+    from runtime.engine.outputs import OmniRequestOutput
+    from tests.helpers.voice import Exported
+    from tests.runtime.adapters.conftest import Sessions
+
+__all__ = ["alsa_null"]
+
+RATE = 22050
+#: Streamed chunks joined against one whole decode of the same latents. The decoder sees the
+#: same frames (32 of context on each side), so only ONNX Runtime's float rounding differs:
+#: measured at most 1.4e-5; any click or gap at a join would be orders of magnitude larger.
+JOIN_TOLERANCE = 1e-4
+TEXT = "Streaming speech starts quickly. Then its chunks grow, and the joins stay clean!"
+#: Real text of 20,000 characters (about twenty minutes of speech).
+LONG_TEXT = ("A long text keeps the voice busy, sentence after sentence. " * 400)[:20_000]
+
+
+@pytest.fixture(scope="module")
+def machine() -> Topology:
+    return discover_topology()
+
+
+def _engine(machine: Topology) -> dict[str, Any]:
+    """Engine options independent of the user's saved device selection."""
+    return {"topology": machine, "selection": DeviceSelection()}
+
+
+@pytest.fixture(scope="module")
+def adapter(tmp_path_factory: pytest.TempPathFactory) -> SpeechAdapter:
+    """The speech adapter on the session's bundles (no stage started)."""
+    from tests.helpers.voice import export_once
+
+    config = speak_config(export_once(tmp_path_factory))
+    assert config.adapter is not None
+    return SpeechAdapter(config, config.adapter.options)
+
+
+def _drain(outputs: Iterable[OmniRequestOutput]) -> list[dict[str, Any]]:
+    taken = []
+    for output in outputs:
+        taken.append(
+            {**output.outputs, "finished": output.finished, "metrics": dict(output.metrics)}
+        )
+    return taken
+
+
+def _whole_decode(sessions: Sessions, ids: tuple[int, ...], buckets: tuple[int, ...]) -> np.ndarray:
+    """One decoder run over every latent frame of an utterance (no chunks), in this process."""
+    z, mask = sessions.acoustic.run(["z", "mask"], acoustic_inputs(ids, buckets, (0.0, 1.0, 0.0)))
+    (audio,) = sessions.decoder.run(["audio"], {"z": z, "mask": mask})
+    return np.asarray(audio, dtype=np.float32).reshape(-1)
+
+
+def _interrupt_at(chunk: int) -> Callable[[OmniRequestOutput], None]:
+    def on_chunk(output: OmniRequestOutput) -> None:
+        if output.outputs["chunk_index"] == chunk:
+            raise KeyboardInterrupt
+
+    return on_chunk
+
+
+def test_chunks_stream_join_into_a_whole_decode_and_sound_like_piper(
+    exported: Exported,
+    sessions: Sessions,
+    piper_voice: PiperVoice,
+    machine: Topology,
+    tmp_path: Path,
+    alsa_null: Path,
+) -> None:
+    config = speak_config(exported, scales="deterministic")
+    with Omni(config, **_engine(machine)) as omni:
+        adapter = omni.orchestrator.program
+        assert isinstance(adapter, SpeechAdapter)
+        plan = adapter.prepare(TEXT)
+        started = time.perf_counter()
+        outputs = _drain(omni.generate(TEXT))
+        wall_s = time.perf_counter() - started
+        # Bad input is refused in the caller's thread; the pipeline keeps serving.
+        with pytest.raises(SpeechInputError, match="nothing in the text can be spoken") as caught:
+            next(omni.generate("\U0001f600\U0001f680 \u2764\ufe0f"))
+        assert caught.value.code == "nothing_speakable"
+        mixed = _drain(omni.generate("Hello \U0001f600 there \u4f60\u597d, and\x07 goodbye."))
+        # A player must take the voice's rate; nothing is submitted otherwise.
+        with pytest.raises(UsageError, match="takes 16000 Hz audio; this voice speaks at 22050"):
+            speak(omni, "Hi.", player=AudioPlayer(sample_rate_in=16000))
+        # Ctrl+C in the consuming thread: speak() stops cleanly and keeps no partial WAV.
+        wav = tmp_path / "interrupted.wav"
+        interrupted = speak(omni, LONG_TEXT[:600], out=wav, on_chunk=_interrupt_at(2))
+
+    *chunks, final = outputs
+    assert final["finished"]
+    assert final["pcm"].size == 0
+    assert all(not chunk["finished"] for chunk in chunks)
+    assert [chunk["chunk_index"] for chunk in chunks] == list(range(len(chunks)))
+    assert {chunk["sample_rate"] for chunk in chunks} == {RATE}
+    assert all(chunk["pcm"].dtype == np.float32 and chunk["pcm"].ndim == 1 for chunk in chunks)
+    assert len(plan.sentences) == 2
+    assert [chunk["sentence_index"] for chunk in chunks] == sorted(
+        chunk["sentence_index"] for chunk in chunks
+    )
+    assert {chunk["sentence_index"] for chunk in chunks} == {0, 1}
+
+    buckets = exported.bundles.acoustic_settings.buckets
+    joined = []
+    for index, sentence in enumerate(plan.sentences):
+        pieces = [chunk["pcm"] for chunk in chunks if chunk["sentence_index"] == index]
+        sizes = [piece.size // 256 for piece in pieces]
+        whole = _whole_decode(sessions, sentence.ids, buckets)
+        # A short first chunk for early audio, then growing chunks; the last keeps the rest.
+        planned = adapter.bundles.decoder_settings.plan(whole.size // 256, adapter.schedule)
+        assert sizes == [chunk.kept_frames for chunk in planned]
+        assert sizes[0] == adapter.schedule[0] == 16
+        assert sizes[:-1] == sorted(sizes[:-1])
+        streamed = np.concatenate(pieces)
+        assert streamed.size == whole.size
+        error = float(np.max(np.abs(streamed - whole)))
+        print(f"sentence {index}: {len(pieces)} chunks {sizes} frames, max join error {error:.2e}")
+        assert error <= JOIN_TOLERANCE
+        joined.append(streamed)
+
+    deterministic = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0, normalize_audio=False)
+    reference = np.concatenate(
+        [chunk.audio_float_array for chunk in piper_voice.synthesize(TEXT, deterministic)]
+    )
+    ours = np.concatenate(joined)
+    assert ours.size == reference.size
+    correlation = log_mel_correlation(ours, reference, RATE)
+    print(f"log-mel correlation with one-process Piper: {correlation:.5f}")
+    assert correlation >= 0.95
+    assert_speech(ours, RATE)
+
+    metrics = final["metrics"]
+    assert metrics["chunks"] == len(chunks)
+    assert metrics["sentences"] == 2
+    assert metrics["audio_seconds"] == pytest.approx(ours.size / RATE)
+    assert 0 < metrics["time_to_first_audio_s"] < wall_s
+    assert 0 < metrics["real_time_factor"] <= wall_s / metrics["audio_seconds"]
+    assert 0 < metrics["max_chunk_gap_s"] < wall_s
+    assert metrics["skipped"] == []
+    assert metrics["scales"] == [0.0, 1.0, 0.0]
+    print(
+        f"first audio {metrics['time_to_first_audio_s']:.3f} s, real-time factor "
+        f"{metrics['real_time_factor']:.3f}, longest gap {metrics['max_chunk_gap_s']:.3f} s"
+    )
+
+    # Mixed input: what the voice cannot say is skipped with a note, the rest is spoken.
+    *mixed_chunks, mixed_final = mixed
+    reasons = [item["reason"] for item in mixed_final["metrics"]["skipped"]]
+    assert sorted(reasons) == ["control", "emoji", "script"]
+    assert_speech(np.concatenate([chunk["pcm"] for chunk in mixed_chunks]), RATE)
+
+    assert interrupted.status == "interrupted"
+    assert interrupted.chunks == 3
+    assert interrupted.cancel_latency_s is not None
+    assert interrupted.cancel_latency_s < 5.0
+    assert interrupted.wav_path is None
+    assert not wav.exists()
+    assert [path.name for path in tmp_path.iterdir() if path.name.endswith(".partial")] == []
+
+
+def test_speaking_needs_a_speech_pipeline(tmp_path: Path, machine: Topology) -> None:
+    manifest = make_bundle(tmp_path)
+    pipeline = write_pipeline(tmp_path / "add.yaml", StageSpec(manifest))
+    with Omni(pipeline, **_engine(machine)) as omni:
+        with pytest.raises(NotASpeechPipeline, match="cannot speak: its adapter is none"):
+            speak(omni, "Hello.")
+
+
+def test_cancel_mid_utterance_of_a_long_text_stops_and_leaves_nothing(
+    exported: Exported, machine: Topology
+) -> None:
+    shm_before = shm_entries()
+    with Omni(speak_config(exported), **_engine(machine)) as omni:
+        pids = [stage["worker"]["pid"] for stage in omni.execution_plan["stages"]]
+        started = time.perf_counter()
+        outputs = omni.generate(LONG_TEXT, request_id="long-text")
+        first = next(outputs)
+        first_audio_s = time.perf_counter() - started
+        assert first.outputs["pcm"].size == 16 * 256
+        assert next(outputs).outputs["chunk_index"] == 1
+        decoder = omni.orchestrator.clients[1]
+        wait_until(lambda: decoder.slot is not None, "a decoder call in flight")
+        began = time.perf_counter()
+        assert omni.cancel("long-text")
+        cancel_s = time.perf_counter() - began
+        with pytest.raises(RequestCancelled):
+            _drain(outputs)
+        # The decoder's call was running: its worker is retired at once, not at close.
+        wait_until(lambda: process_gone(pids[1]), "the decoder worker to exit", timeout_s=5.0)
+        status = omni.metrics()["requests"][-1]["status"]
+        print(
+            f"20,000 characters: first audio {first_audio_s:.3f} s (phonemization included), "
+            f"cancel returned after {cancel_s:.3f} s"
+        )
+    assert first_audio_s < 15.0
+    assert cancel_s < 5.0
+    assert status == "cancelled"
+    for pid in pids:
+        wait_until(lambda pid=pid: process_gone(pid), f"worker {pid} to exit", timeout_s=5.0)
+    assert shm_entries() - shm_before == set()
+
+
+@pytest.mark.parametrize(
+    ("text", "code", "message"),
+    [
+        ("", "empty", "the text is empty"),
+        ("  \n\t \u3000", "whitespace_only", "only whitespace"),
+        ("\U0001f600\U0001f389\U0001f680", "nothing_speakable", "skipped: emoji"),
+        ("\u4f60\u597d\u4e16\u754c", "nothing_speakable", "skipped: script"),
+        ("\x00\x01\x02\x1b", "nothing_speakable", "skipped: control"),
+        ("a" * 100_001, "too_long", "100001 characters"),
+        (42, "not_text", "must be a string"),
+        ({"txt": "hello"}, "not_text", "accepted: {'text': str}"),
+        ({"text": "hello", "voice": "x"}, "not_text", "accepted: {'text': str}"),
+    ],
+    ids=[
+        "empty",
+        "whitespace",
+        "emoji",
+        "unsupported-script",
+        "control",
+        "over-limit",
+        "not-text",
+        "wrong-key",
+        "extra-key",
+    ],
+)
+def test_bad_input_gets_a_clear_error(
+    adapter: SpeechAdapter, text: object, code: str, message: str
+) -> None:
+    with pytest.raises(SpeechInputError) as caught:
+        adapter.prepare(text)
+    assert caught.value.code == code
+    assert message in str(caught.value)
+
+
+def test_twenty_thousand_characters_are_split_to_fit_the_buckets(adapter: SpeechAdapter) -> None:
+    started = time.perf_counter()
+    plan = adapter.prepare({"text": LONG_TEXT})
+    took = time.perf_counter() - started
+    print(f"20,000 characters -> {len(plan.sentences)} utterances in {took:.2f} s")
+    assert len(plan.sentences) == LONG_TEXT.count(". ") + 1
+    assert max(len(sentence.ids) for sentence in plan.sentences) <= adapter.max_ids
+    assert took < 20.0
+
+
+def test_mixed_input_is_spoken_with_notes_on_what_was_skipped(adapter: SpeechAdapter) -> None:
+    plan = adapter.prepare("Hi \U0001f600 there\x07, \u4f60\u597d friend.")
+    assert [item.reason for item in plan.skipped] == ["emoji", "control", "script"]
+    # Each skipped run becomes a space, so the words stay apart.
+    assert [sentence.text for sentence in plan.sentences] == ["Hi there , friend."]
+
+
+def test_a_prepared_plan_is_taken_as_it_is_when_it_fits(adapter: SpeechAdapter) -> None:
+    plan = adapter.prepare("Hello there.")
+    assert adapter.prepare(plan) is plan
+    too_long = SpeechPlan("x", (Utterance("x", ("x",), (1,) * 300),), (), 300)
+    with pytest.raises(SpeechInputError, match="300 phoneme ids; accepted: at most 256"):
+        adapter.prepare(too_long)
+    with pytest.raises(SpeechInputError, match="no utterances"):
+        adapter.prepare(SpeechPlan("", (), (), 256))
+
+
+@pytest.mark.parametrize(
+    ("options", "key", "message"),
+    [
+        ({"voice": "joe", "speed": 2}, "speed", "unknown speech option 'speed'"),
+        ({}, "voice", "None is not a voice name"),
+        ({"voice": "joe", "schedule": []}, "schedule", "not a list of frame counts"),
+        ({"voice": "joe", "schedule": [16, 0]}, "schedule", "not a list of frame counts"),
+        ({"voice": "joe", "schedule": "16"}, "schedule", "not a list of frame counts"),
+        ({"voice": "joe", "scales": "loud"}, "scales", "'voice', 'deterministic'"),
+        ({"voice": "joe", "scales": [0.5, 0.0, 0.5]}, "scales", "length above 0"),
+        ({"voice": "joe", "scales": [0.5, 1.0]}, "scales", "[noise, length, noise_w]"),
+        ({"voice": "joe", "sentence_silence_s": -1}, "sentence_silence_s", "from 0 to 10"),
+        ({"voice": "joe", "sentence_silence_s": True}, "sentence_silence_s", "from 0 to 10"),
+        ({"voice": "joe", "overlap_sentences": "yes"}, "overlap_sentences", "true or false"),
+    ],
+)
+def test_bad_options_name_the_option_and_what_is_accepted(
+    options: dict[str, Any], key: str, message: str
+) -> None:
+    with pytest.raises(SpeechOptionsError) as caught:
+        SpeechOptions.parse(options, file="speak.yaml", line=17)
+    assert caught.value.key == f"adapter.options.{key}"
+    assert message in str(caught.value)
+    assert str(caught.value).startswith("speak.yaml:17, key 'adapter.options.")
+
+
+def test_good_options_are_parsed() -> None:
+    parsed = SpeechOptions.parse(
+        {
+            "voice": "joe",
+            "schedule": [8, 16],
+            "scales": [0.3, 1.2, 0.4],
+            "sentence_silence_s": 0.25,
+            "overlap_sentences": True,
+        }
+    )
+    assert parsed == SpeechOptions("joe", (8, 16), (0.3, 1.2, 0.4), 0.25, True)
+    assert SpeechOptions.parse({"voice": "joe", "scales": "deterministic"}).scales == (
+        "deterministic"
+    )
+
+
+def test_options_that_do_not_fit_the_bundles_are_refused(exported: Exported) -> None:
+    config = speak_config(exported, voice="amy")
+    assert config.adapter is not None
+    with pytest.raises(SpeechOptionsError, match="holds voice 'joe'") as caught:
+        SpeechAdapter(config, config.adapter.options)
+    assert caught.value.key == "adapter.options.voice"
+    config = speak_config(exported, schedule=[16, 160])
+    assert config.adapter is not None
+    with pytest.raises(SpeechOptionsError, match=r"chunk size 160 .* sizes up to 128"):
+        SpeechAdapter(config, config.adapter.options)
+    one_stage = dataclasses.replace(config, stages=config.stages[:1])
+    with pytest.raises(SpeechOptionsError, match="decoder voice bundle as graph stage 1"):
+        SpeechAdapter(one_stage, {"voice": "joe"})
+    three_stages = dataclasses.replace(config, stages=(*config.stages, config.stages[1]))
+    with pytest.raises(SpeechOptionsError, match="exactly two stages"):
+        SpeechAdapter(three_stages, {"voice": "joe"})
+
+
+def test_scales_choose_the_noise(adapter: SpeechAdapter, exported: Exported) -> None:
+    assert adapter.scales == exported.bundles.voice.scales == (0.667, 1.0, 0.8)
+    config = speak_config(exported, scales="deterministic")
+    assert config.adapter is not None
+    assert SpeechAdapter(config, config.adapter.options).scales == (0.0, 1.0, 0.0)
+
+
+@pytest.mark.slow
+def test_overlapped_sentences_and_silence_stream_the_same_audio_through_async_omni(
+    exported: Exported, sessions: Sessions, machine: Topology
+) -> None:
+    config = speak_config(
+        exported, scales="deterministic", overlap_sentences=True, sentence_silence_s=0.1
+    )
+    text = "One. Two sentences follow. And a third one ends it."
+
+    async def speak() -> list[dict[str, Any]]:
+        async with AsyncOmni(config, **_engine(machine)) as omni:
+            return [
+                {**output.outputs, "finished": output.finished}
+                async for output in omni.generate(text)
+            ]
+
+    outputs = asyncio.run(speak())
+    assert config.adapter is not None
+    adapter = SpeechAdapter(config, config.adapter.options)
+    plan = adapter.prepare(text)
+    buckets = adapter.bundles.acoustic_settings.buckets
+    expected = []
+    for index, sentence in enumerate(plan.sentences):
+        expected.append(_whole_decode(sessions, sentence.ids, buckets))
+        if index < len(plan.sentences) - 1:
+            expected.append(np.zeros(round(0.1 * RATE), np.float32))
+    streamed = np.concatenate([output["pcm"] for output in outputs])
+    reference = np.concatenate(expected)
+    assert streamed.size == reference.size
+    assert float(np.max(np.abs(streamed - reference))) <= JOIN_TOLERANCE
+    assert outputs[-1]["finished"]
+    assert not any(output["finished"] for output in outputs[:-1])
