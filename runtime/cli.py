@@ -424,6 +424,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_machine_args(run)
     run.set_defaults(handler=cmd_run)
 
+    from .envs.commands import add_env_commands
+
+    add_env_commands(commands)
+
     devices = commands.add_parser(
         "devices", help="list this machine's devices and memory constraints; choose devices"
     )
@@ -541,23 +545,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("omni-edge: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-
-
-def studio_main(argv: Sequence[str] | None = None) -> int:
-    """``omni-edge-studio [PIPELINE.yaml]``: run a pipeline (default: the add demo) headless.
-
-    This build has no desktop window; it runs the pipeline once and prints its results.
-    """
-    from .assets import demo_pipeline
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    try:
-        pipeline = args[0] if args else str(demo_pipeline("add"))
-    except OmniError as exc:
-        print(f"omni-edge-studio: {exc}", file=sys.stderr)
-        return exc.exit_code
-    print("omni-edge-studio: this build has no desktop window; running the pipeline headless")
-    return main(["run", pipeline, *args[1:]])
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from runtime.assets import (
     demo_pipeline,
     demo_pipelines,
 )
-from runtime.cli import studio_main
 from runtime.errors import EXIT_FAILED, EXIT_USAGE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,14 +98,3 @@ def test_an_unknown_demo_lists_the_available_ones(
     with pytest.raises(UnknownDemo, match=r"no demo pipeline named 'nope' .*'add', 'mlp-chain'"):
         demo_pipeline("nope")
     assert UnknownDemo("x").exit_code == EXIT_USAGE
-
-
-def test_studio_command_reports_missing_assets(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setenv(ASSETS_ENV, str(tmp_path / "nowhere"))
-
-    assert studio_main([]) == EXIT_FAILED
-    err = capsys.readouterr().err
-    assert err.startswith("omni-edge-studio: no demo assets folder")
-    assert str(tmp_path / "nowhere") in err
