@@ -1,0 +1,164 @@
+"""Graph call overhead: one request through the pipeline vs the same session in this process.
+
+Two graphs: a tiny ``add`` (float32 [1, 1024] + [1, 1024], the demo's shape) and a MatMul
+sized so that one in-process call takes about 1 ms on this machine. The pipeline side is
+``Omni.run`` (submit, orchestrator loop, pipe to the worker process, result, acknowledge);
+the baseline is ``InferenceSession.run`` on a session made by the worker's own
+:func:`workers.ort_session.create_session` with the same arguments, so the session options
+(threads, config entries) are identical. Pipeline and baseline are timed in alternating
+batches so that machine noise falls on both.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Final
+
+from benchmarks import graphs
+from benchmarks.base import Benchmark, BenchOptions
+from benchmarks.figures import Comparator, FigureSpec, Goal, Subject
+from benchmarks.stats import Samples, interleaved, ms, rounded, time_calls
+from runtime.api import Omni
+from runtime.devices import DeviceSelection
+from workers.ort_session import create_session, load_verified_graph
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from pathlib import Path
+
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    from benchmarks.figures import Detail, Figure
+    from runtime.artifacts import VerifiedBundle
+
+TINY_ADD: Final = FigureSpec(
+    key="graph.tiny_add",
+    name="Graph call, tiny add (p50)",
+    unit="ms",
+    goal=Goal("added p50 <= 0.3 ms", Comparator.AT_MOST, 0.3, Subject.ADDED),
+)
+MATMUL_1MS: Final = FigureSpec(
+    key="graph.matmul_1ms",
+    name="Graph call, ~1 ms MatMul (p50)",
+    unit="ms",
+    goal=Goal("ratio <= 1.15", Comparator.AT_MOST, 1.15, Subject.RATIO),
+)
+BASELINE_LABEL: Final = "in-process session.run, same ORT session options"
+MATMUL_WIDTH: Final = 512
+#: Row counts tried for the MatMul; the one whose in-process p50 is nearest 1 ms is used.
+MATMUL_ROWS: Final = (16, 32, 64, 128, 256, 512)
+TARGET_S: Final = 1e-3
+
+
+def in_process_session(bundle: VerifiedBundle) -> ort.InferenceSession:
+    """The session the worker creates for ``bundle`` on the demos' CPU route, made here."""
+    loaded = load_verified_graph(bundle.manifest_path, bundle.identity)
+    return create_session(loaded, [graphs.CPU], [graphs.CPU], graphs.CPU)
+
+
+def session_call(
+    session: ort.InferenceSession, inputs: Mapping[str, np.ndarray]
+) -> Callable[[], object]:
+    feed = dict(inputs)
+    return lambda: session.run(None, feed)
+
+
+def calibrate_matmul(workdir: Path, quick: bool) -> tuple[int, dict[int, float]]:
+    """The row count whose in-process MatMul p50 is closest to 1 ms, and every p50 tried."""
+    tried: dict[int, float] = {}
+    for rows in MATMUL_ROWS:
+        model, inputs = graphs.matmul_model(rows, MATMUL_WIDTH)
+        bundle = graphs.write_bundle(workdir / "calibration", f"matmul-{rows}", model, inputs)
+        samples = time_calls(
+            session_call(in_process_session(bundle), inputs),
+            warmup=5,
+            iterations=15 if quick else 40,
+        )
+        tried[rows] = samples.p50
+        if samples.p50 > 2 * TARGET_S:
+            break
+    best = min(tried, key=lambda rows: abs(math.log(tried[rows] / TARGET_S)))
+    return best, tried
+
+
+def _stage_times(omni: Omni, count: int) -> tuple[Samples, Samples]:
+    """Worker-side run time and transfer time (framing, pipes, copies) of the last calls."""
+    requests = omni.metrics()["requests"][-count:]
+    stages = [request["stages"][0] for request in requests if request["stages"]]
+    return (
+        Samples(tuple(float(stage["run_s"]) for stage in stages)),
+        Samples(tuple(float(stage["transfer_s"]) for stage in stages)),
+    )
+
+
+def compare(
+    options: BenchOptions, name: str, model: onnx.ModelProto, inputs: Mapping[str, np.ndarray]
+) -> dict[str, Detail]:
+    """Time ``model`` through a one-stage pipeline and in-process; the distributions in ms."""
+    folder = options.workdir / name
+    bundle = graphs.write_bundle(folder, name, model, inputs)
+    io_bytes = sum(array.nbytes for array in inputs.values()) * 2 + (1 << 20)
+    pipeline = graphs.write_pipeline(
+        folder / f"{name}.yaml", f"bench_{name}", [graphs.StageSpec(bundle, io_bytes)]
+    )
+    session = in_process_session(bundle)
+    rounds = options.count(10, 3)
+    batch = options.count(100, 40)
+    with Omni.from_yaml(pipeline, selection=DeviceSelection()) as omni:
+        through, direct = interleaved(
+            [lambda: omni.run(inputs), session_call(session, inputs)],
+            warmup=options.count(50, 10),
+            rounds=rounds,
+            batch=batch,
+        )
+        worker_run, transfer = _stage_times(omni, rounds * batch)
+    return {
+        "pipeline_p50_ms": rounded(ms(through.p50)),
+        "pipeline_p99_ms": rounded(ms(through.p99)),
+        "in_process_p50_ms": rounded(ms(direct.p50)),
+        "in_process_p99_ms": rounded(ms(direct.p99)),
+        "added_p50_ms": rounded(ms(through.p50 - direct.p50)),
+        "added_p99_ms": rounded(ms(through.p99 - direct.p99)),
+        "ratio_p99": rounded(through.p99 / direct.p99),
+        "worker_run_p50_ms": rounded(ms(worker_run.p50)),
+        "stage_transfer_p50_ms": rounded(ms(transfer.p50)),
+        "iterations": through.count,
+        "_pipeline_p50_s": through.p50,
+        "_in_process_p50_s": direct.p50,
+    }
+
+
+def _limits(details: Mapping[str, Detail]) -> str:
+    return (
+        f"Of the {details['added_p50_ms']} ms added at p50, {details['stage_transfer_p50_ms']} ms "
+        "is the stage call's round trip outside ONNX Runtime (an executor thread, the pipe to "
+        "the worker and back, the worker's call thread, the controller's reader thread); the "
+        "rest is the request's way through the orchestrator (caller -> event loop -> output "
+        "stream -> caller). Every hop is a thread or process wake-up that waits for a free "
+        "core, so the figure grows with the machine's load."
+    )
+
+
+def _figure(spec: FigureSpec, details: dict[str, Detail], extra: str = "") -> Figure:
+    measured = ms(float(details.pop("_pipeline_p50_s")))  # type: ignore[arg-type]
+    baseline = ms(float(details.pop("_in_process_p50_s")))  # type: ignore[arg-type]
+    missed = spec.goal.check(measured, baseline) is False
+    note = f"{extra} {_limits(details)}".strip() if missed else extra
+    return spec.measured(measured, baseline, BASELINE_LABEL, details, note)
+
+
+def measure(options: BenchOptions) -> list[Figure]:
+    add, add_inputs = graphs.add_model()
+    tiny = _figure(TINY_ADD, compare(options, "add", add, add_inputs))
+    rows, tried = calibrate_matmul(options.workdir, options.quick)
+    matmul, matmul_inputs = graphs.matmul_model(rows, MATMUL_WIDTH)
+    details = compare(options, "matmul", matmul, matmul_inputs)
+    details["matmul_shape"] = f"[{rows}, {MATMUL_WIDTH}] x [{MATMUL_WIDTH}, {MATMUL_WIDTH}]"
+    details["calibration_p50_ms"] = [rounded(ms(tried[r])) for r in sorted(tried)]
+    details["calibration_rows"] = sorted(tried)
+    return [tiny, _figure(MATMUL_1MS, details)]
+
+
+BENCHMARK: Final = Benchmark("graph", (TINY_ADD, MATMUL_1MS), measure)

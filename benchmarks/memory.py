@@ -1,0 +1,117 @@
+"""Peak memory of each demo: the controller and every worker vs the same sessions in one process.
+
+For each pipeline in ``assets/pipelines`` a fresh controller process
+(:mod:`benchmarks.pipeline_process`) loads it, runs a few requests and reads the peak RSS
+(``VmHWM``) of itself and of each worker while they are alive. The measurement is their
+sum; the baseline is one process holding the same ONNX Runtime sessions, warmed up and run
+on their example inputs as often (:mod:`benchmarks.one_process`). No goal is set: the
+figure shows what process isolation costs in memory.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
+
+from benchmarks import graphs
+from benchmarks.base import Benchmark, BenchOptions, NotRunnable
+from benchmarks.child import ChildFailed, event, run_child
+from benchmarks.figures import REPORT_ONLY, FigureSpec, Goal
+from benchmarks.stats import rounded
+from runtime.config import load_pipeline
+from runtime.errors import OmniError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from benchmarks.figures import Detail, Figure
+
+BASELINE_LABEL: Final = "one process holding the same ORT sessions, run as often"
+MiB: Final = float(1 << 20)
+#: Demo speech and language pipelines load for minutes on a busy machine.
+CHILD_TIMEOUT_S: Final = 900.0
+
+
+def demos() -> list[tuple[FigureSpec, Path]]:
+    """One figure per bundled demo pipeline, with the pipeline it measures."""
+    return [
+        (
+            FigureSpec(
+                key="memory." + path.stem.replace("-", "_"),
+                name=f"Peak RSS, demo {path.stem} (controller + workers)",
+                unit="MiB",
+                goal=Goal(REPORT_ONLY),
+            ),
+            path,
+        )
+        for path in sorted(graphs.DEMO_PIPELINES.glob("*.yaml"))
+    ]
+
+
+def _peak(value: Any, what: str) -> int:
+    if not isinstance(value, int):
+        raise NotRunnable(f"the peak RSS of {what} cannot be read on this system")
+    return value
+
+
+def measure_demo(spec: FigureSpec, pipeline: Path, requests: int) -> Figure:
+    config = load_pipeline(pipeline)
+    done = event(
+        run_child(
+            "benchmarks.pipeline_process",
+            [str(pipeline), "--requests", str(requests)],
+            timeout_s=CHILD_TIMEOUT_S,
+        ),
+        "done",
+    ).document
+    controller = _peak(done["controller_peak_rss_bytes"], "the controller")
+    details: dict[str, Detail] = {
+        "requests": int(done["requests"]),
+        "controller_mib": rounded(controller / MiB),
+    }
+    total = controller
+    for worker in done["workers"]:
+        peak = _peak(worker["peak_rss_bytes"], f"worker {worker['stage']}")
+        children = [
+            _peak(child, "a worker's child") for child in worker["descendants_peak_rss_bytes"]
+        ]
+        total += peak + sum(children)
+        details[f"{worker['stage']}_mib"] = rounded(peak / MiB)
+        if children:
+            details[f"{worker['stage']}_children_mib"] = [
+                rounded(child / MiB) for child in children
+            ]
+    manifests = [str(stage.backend.manifest) for stage in config.stages]
+    baseline = event(
+        run_child(
+            "benchmarks.one_process",
+            [*manifests, "--calls", str(requests)],
+            timeout_s=CHILD_TIMEOUT_S,
+        ),
+        "done",
+    ).document
+    one_process = _peak(baseline["peak_rss_bytes"], "the one-process baseline")
+    if done.get("adapter"):
+        details["adapter"] = str(done["adapter"])
+    note = (
+        f"{len(done['workers']) + 1} processes each hold their own interpreter, NumPy and "
+        "ONNX Runtime."
+    )
+    return spec.measured(total / MiB, one_process / MiB, BASELINE_LABEL, details, note)
+
+
+def measure(options: BenchOptions) -> list[Figure]:
+    """Every demo's figure; a demo that cannot load here is reported as not run, with why."""
+    figures = []
+    requests = options.count(10, 3)
+    for spec, pipeline in demos():
+        try:
+            figures.append(measure_demo(spec, pipeline, requests))
+        except (NotRunnable, OmniError) as exc:
+            figures.append(spec.not_run(str(exc)))
+        except ChildFailed as exc:
+            figures.append(spec.not_run(f"failed: {exc}"))
+    return figures
+
+
+def benchmark() -> Benchmark:
+    return Benchmark("memory", tuple(spec for spec, _ in demos()), measure)
