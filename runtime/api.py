@@ -92,9 +92,13 @@ class Omni:
         return self.orchestrator.example_inputs()
 
     def generate(
-        self, inputs: Mapping[str, np.ndarray] | None = None, *, request_id: str | None = None
+        self, inputs: Any = None, *, request_id: str | None = None
     ) -> Iterator[OmniRequestOutput]:
-        """Submit a request (on first ``next``) and yield its outputs."""
+        """Submit a request (on first ``next``) and yield its outputs.
+
+        ``inputs`` is what the pipeline takes: a mapping of arrays for a graph chain (None:
+        the example inputs), text for a speech pipeline.
+        """
         request = self.orchestrator.submit(inputs, request_id=request_id)
         try:
             while (output := _item(request)) is not None:
@@ -158,7 +162,7 @@ class AsyncOmni:
         return self.orchestrator.execution_plan
 
     async def generate(
-        self, inputs: Mapping[str, np.ndarray] | None = None, *, request_id: str | None = None
+        self, inputs: Any = None, *, request_id: str | None = None
     ) -> AsyncIterator[OmniRequestOutput]:
         request = self.orchestrator.submit(inputs, request_id=request_id)
         try:
