@@ -300,7 +300,10 @@ class ConfigReader:
 
     def plain_mapping(self, item: ConfigItem) -> dict[str, Any]:
         """A free-form mapping (adapter options) as plain Python values."""
-        value = self._constructor.construct_object(item.node, deep=True)
+        try:
+            value = self._constructor.construct_object(item.node, deep=True)
+        except (yaml.YAMLError, TypeError, RecursionError) as exc:
+            self.reject(item, f"expected a mapping of plain values; {type(exc).__name__}: {exc}")
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
             self.reject(item, "expected a mapping with string keys")
         return dict(value)
@@ -708,6 +711,11 @@ def _compose(text: str, source: str) -> yaml.Node:
         ) from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"not readable as YAML: {exc}", file=source) from exc
+    except RecursionError:
+        raise ConfigError(
+            "the YAML nests too deeply to be a pipeline; expected a mapping of stages",
+            file=source,
+        ) from None
     if root is None:
         raise ConfigError(
             "the pipeline is empty; expected a YAML mapping with keys "
