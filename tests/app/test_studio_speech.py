@@ -31,6 +31,7 @@ LONG_TEXT = " ".join(
     ]
 )
 
+
 @pytest.fixture(scope="session")
 def voice_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A user data folder holding the exported voice the speak demo names (``${data}``)."""
