@@ -24,7 +24,7 @@ slow: setup
 	HYPOTHESIS_PROFILE=slow $(BIN)/pytest -m slow $(PYTEST_ARGS)
 
 # Fault matrix, security checks, fuzzing and the 1,000-request soak, written to
-# benchmarks/results/reliability.json (about 35 minutes on two cores).
+# benchmarks/results/reliability.json (about 25 minutes on two cores).
 FUZZ_EXAMPLES ?= 10000
 SOAK_REQUESTS ?= 1000
 reliability: setup

@@ -2,22 +2,26 @@
 
 Usage: ``python benchmarks/fuzz_atheris.py TARGET WORKDIR [libFuzzer options]``, TARGET one
 of ``frames``, ``manifests``, ``pipelines``; for example ``-runs=100000``. libFuzzer ends the
-process itself, so the seeds and the bundle copy go to WORKDIR, which the caller removes. Each input must end in
-the parser's typed error or be accepted; anything else is a crash that libFuzzer reports
-(and saves under ``-artifact_prefix``). ``benchmarks/reliability.py`` runs every target when
-Atheris is installed; the seeds are the demo bundles' manifest and pipelines (``make
-bundles`` builds them) and a few valid frames.
+process itself, so the seeds and the bundle copy go to WORKDIR, which the caller removes.
+Each input must end in the parser's typed error or be accepted; anything else is a crash that
+libFuzzer reports (and saves under ``-artifact_prefix``). ``benchmarks/reliability.py`` runs
+every target when Atheris is installed; the seeds are the demo bundle's manifest, the demo
+pipelines (``make bundles`` builds the bundles) and a few valid frames.
 """
 
 from __future__ import annotations
 
+import importlib
 import io
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import atheris
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -34,6 +38,25 @@ with atheris.instrument_imports(include=["runtime", "workers"]):
     from runtime.transport.shm import new_prefix
     from workers.errors import WorkerError
     from workers.ort_session import load_verified_graph
+
+import runtime.config as config_module  # noqa: E402
+
+#: The modules a fuzzed pipeline may import. A pipeline file is code (it names callables to
+#: import), so arbitrary mutations must not reach arbitrary modules; others are "not found".
+ALLOWED_MODULES = frozenset({"runtime.adapters.tensor", "runtime.adapters.tts"})
+
+
+class _GuardedImports:
+    """Stands in for ``importlib`` inside ``runtime.config`` while fuzzing."""
+
+    @staticmethod
+    def import_module(name: str) -> ModuleType:
+        if name not in ALLOWED_MODULES:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return importlib.import_module(name)
+
+
+config_module.importlib = _GuardedImports  # type: ignore[assignment]
 
 BUNDLE = REPO_ROOT / "assets" / "bundles" / "add"
 PIPELINES = REPO_ROOT / "assets" / "pipelines"

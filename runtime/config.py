@@ -284,6 +284,20 @@ def _describe_node(node: yaml.Node) -> str:
     return repr(node.value)
 
 
+#: What PyYAML's constructors raise for a value its tag cannot read (``!!timestamp x``,
+#: ``!!int ''``, ``!!bool maybe``): they index, look up and convert without checking first.
+_CONSTRUCT_ERRORS = (
+    yaml.YAMLError,
+    ValueError,
+    TypeError,
+    AttributeError,
+    KeyError,
+    IndexError,
+    OverflowError,
+    RecursionError,
+)
+
+
 class ConfigReader:
     """Reads typed values out of a composed YAML tree; every failure names file, line and key.
 
@@ -302,7 +316,7 @@ class ConfigReader:
         """A free-form mapping (adapter options) as plain Python values."""
         try:
             value = self._constructor.construct_object(item.node, deep=True)
-        except (yaml.YAMLError, TypeError, RecursionError) as exc:
+        except _CONSTRUCT_ERRORS as exc:
             self.reject(item, f"expected a mapping of plain values; {type(exc).__name__}: {exc}")
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
             self.reject(item, "expected a mapping with string keys")
@@ -320,7 +334,7 @@ class ConfigReader:
             self.reject(item, f"expected {expected}; found {_describe_node(item.node)}")
         try:
             return self._constructor.construct_object(item.node, deep=True)
-        except (yaml.YAMLError, ValueError) as exc:
+        except _CONSTRUCT_ERRORS as exc:
             problem = exc.problem if isinstance(exc, yaml.MarkedYAMLError) else None
             self.reject(
                 item, f"cannot read {item.node.value!r} ({problem or exc}); expected {expected}"

@@ -24,6 +24,7 @@ import numpy as np
 from runtime.artifacts import VerifiedBundle, load_example_inputs
 from runtime.backends.base import CallResult, StageRecord, TensorSpec
 from runtime.backends.placement import PlacementReport, gate_placement
+from runtime.backends.retirement import settle_reservation
 from runtime.contracts import FrameLimits, RequestKey
 from runtime.contracts.buffers import DescriptorError
 from runtime.contracts.messages import (
@@ -73,6 +74,7 @@ from runtime.transport.handshake import expect_hello
 from runtime.transport.shm import new_prefix, sweep_segments
 
 if TYPE_CHECKING:
+    import threading
     from collections.abc import Mapping
 
     from runtime.config import StageConfig
@@ -123,6 +125,7 @@ class GraphStageClient:
         self.timeouts = timeouts or GraphTimeouts()
         self._ledger = ledger
         self._reservation: StageReservation | None = reservation
+        self._late_exit_watch: threading.Thread | None = None
         self._events = events
         self._loop: asyncio.AbstractEventLoop | None = None
         self._worker: WorkerProcess | None = None
@@ -577,13 +580,27 @@ class GraphStageClient:
 
     def _settle_reservation(self, outcome: RetireOutcome | None) -> None:
         reservation, self._reservation = self._reservation, None
-        if reservation is None:
-            return
-        why = None if outcome is None else outcome.quarantine_reason
-        if why is None:
-            self._ledger.release(reservation.id)
-        else:
-            self._ledger.quarantine(reservation.id, why)
+        tmpdir, prefix = self._tmpdir, self._shm_prefix
+
+        def cleanup() -> None:
+            if prefix is not None:
+                sweep_segments(prefix)
+            if tmpdir is not None:
+                shutil.rmtree(tmpdir, ignore_errors=True)
+
+        self._late_exit_watch = settle_reservation(
+            self._ledger,
+            reservation,
+            None if outcome is None else outcome.quarantine_reason,
+            stage=self.name,
+            survivors=() if outcome is None else outcome.survivor_identities,
+            cleanup=cleanup,
+        )
+
+    @property
+    def late_exit_watch(self) -> threading.Thread | None:
+        """The watcher releasing a quarantine once a retired tree's survivors exit, if any."""
+        return self._late_exit_watch
 
     async def close(self) -> None:
         """Shut the worker down (sentinel, then bounded retirement) and settle the ledger."""

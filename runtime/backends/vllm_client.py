@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Final, cast
 import psutil
 
 from runtime.backends.base import StageRecord
+from runtime.backends.retirement import settle_reservation
 from runtime.contracts import FrameLimits, RequestKey
 from runtime.contracts.llm_messages import (
     LLM_WORKER_TO_CONTROLLER,
@@ -66,12 +67,14 @@ from runtime.errors import (
 )
 from runtime.host import (
     LaunchSpec,
+    ProcessIdentity,
     RetireOutcome,
     WorkerProcess,
     default_project_root,
     is_frozen,
     resolve_interpreter,
     spawn_worker,
+    wait_processes_gone,
     worker_argv,
     worker_environment,
 )
@@ -84,6 +87,8 @@ from runtime.transport.channel import (
 from runtime.transport.handshake import expect_hello
 
 if TYPE_CHECKING:
+    import threading
+
     from runtime.contracts.codec import Frame
     from runtime.contracts.messages import Message
     from runtime.ledger import ResourceLedger, StageReservation
@@ -229,38 +234,6 @@ def tree_processes(root_pid: int) -> list[psutil.Process]:
         return []
 
 
-def reap_stragglers(processes: list[psutil.Process], deadline_s: float) -> list[int]:
-    """Wait up to ``deadline_s`` for former tree members to be gone; return those still alive.
-
-    A multi-threaded process whose main thread exited shows as a zombie while its other
-    threads still run, and cannot be reaped yet; one adopted by this process (a child
-    subreaper) is reaped here once it can be. A zombie of another parent counts as gone.
-    """
-    until = time.monotonic() + deadline_s
-    pending = list(processes)
-    me = os.getpid()
-    while True:
-        alive = []
-        for process in pending:
-            try:
-                if not process.is_running():
-                    continue
-                if process.ppid() == me and sys.platform != "win32":
-                    if os.waitpid(process.pid, os.WNOHANG)[0] == process.pid:
-                        continue
-                    alive.append(process)
-                elif process.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(process)
-            except (psutil.NoSuchProcess, ChildProcessError):
-                continue
-            except psutil.AccessDenied:
-                alive.append(process)
-        if not alive or time.monotonic() >= until:
-            return [process.pid for process in alive]
-        pending = alive
-        time.sleep(0.02)
-
-
 class _Request:
     """One in-flight request's state on the controller's loop."""
 
@@ -348,6 +321,7 @@ class VllmStageClient:
         self._shm_paths: set[str] = set()
         # Every process seen in the worker's tree: vLLM's survive the worker being killed.
         self._members: dict[int, psutil.Process] = {}
+        self._late_exit_watch: threading.Thread | None = None
 
     # -- state -----------------------------------------------------------------------
 
@@ -724,11 +698,11 @@ class VllmStageClient:
             outcome = await loop.run_in_executor(None, worker.retire, deadline_s)
         if self._channel is not None:
             self._channel.close()
-        stragglers: list[int] = []
+        stragglers: list[psutil.Process] = []
         if outcome is not None and outcome.confirmed_gone:
             members = [p for pid, p in self._members.items() if pid != outcome.pid]
             stragglers = await asyncio.get_running_loop().run_in_executor(
-                None, reap_stragglers, members, STRAGGLER_WAIT_S
+                None, wait_processes_gone, members, STRAGGLER_WAIT_S
             )
         if outcome is None or (outcome.confirmed_gone and not stragglers):
             self._remove_leftovers()
@@ -761,22 +735,33 @@ class VllmStageClient:
         self._shm_paths |= tree_shm_paths(root_pid)
 
     def _settle_reservation(
-        self, outcome: RetireOutcome | None, stragglers: Sequence[int] = ()
+        self, outcome: RetireOutcome | None, stragglers: Sequence[psutil.Process] = ()
     ) -> None:
         reservation, self._reservation = self._reservation, None
-        if reservation is None:
-            return
         why = None if outcome is None else outcome.quarantine_reason
+        survivors = [] if outcome is None else list(outcome.survivor_identities)
         if why is None and stragglers:
             why = (
-                f"process(es) {', '.join(map(str, stragglers))} of the worker's tree were still "
-                f"running {STRAGGLER_WAIT_S} s after it was retired"
+                f"process(es) {', '.join(str(p.pid) for p in stragglers)} of the worker's tree "
+                f"were still running {STRAGGLER_WAIT_S} s after it was retired"
             )
             log.warning("%s: %s", self.name, why)
-        if why is None:
-            self._ledger.release(reservation.id)
-        else:
-            self._ledger.quarantine(reservation.id, why)
+        for process in stragglers:
+            with contextlib.suppress(psutil.Error):
+                survivors.append(ProcessIdentity(process.pid, float(process.create_time())))
+        self._late_exit_watch = settle_reservation(
+            self._ledger,
+            reservation,
+            why,
+            stage=self.name,
+            survivors=survivors,
+            cleanup=self._remove_leftovers,
+        )
+
+    @property
+    def late_exit_watch(self) -> threading.Thread | None:
+        """The watcher releasing a quarantine once a retired tree's survivors exit, if any."""
+        return self._late_exit_watch
 
     async def wait_retired(self) -> RetireOutcome | None:
         """Wait for a retirement already under way (after a failure); None if none is."""

@@ -148,6 +148,14 @@ def _checked_env(env: Mapping[str, str], what: str) -> dict[str, str]:
     return checked
 
 
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` is a file; a path the OS refuses to look up (too long) is none."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
 def _python_in_env(env_root: Path, os_domain: str) -> Path:
     if os_domain == "windows":
         return env_root / "Scripts" / "python.exe"
@@ -197,7 +205,7 @@ def resolve_interpreter(
             )
         root = (default_env_dir() if env_dir is None else env_dir) / name
         python = _python_in_env(root, domain)
-        if not python.is_file():
+        if not _is_file(python):
             raise RouteError(
                 f"interpreter {interpreter!r}: environment {name!r} does not exist ({python} is "
                 f"missing); create it with `omni-edge env create {name}`",
@@ -210,7 +218,7 @@ def resolve_interpreter(
             f"interpreter {interpreter!r} is not recognised; {_INTERPRETER_FORMS}",
             key="interpreter",
         )
-    if not path.is_file():
+    if not _is_file(path):
         raise RouteError(
             f"interpreter {interpreter!r} does not exist or is not a file", key="interpreter"
         )
@@ -241,7 +249,7 @@ def worker_argv(interpreter_argv: Sequence[str], worker: str, *, frozen: bool) -
         script = Path(worker)
         if not script.is_absolute():
             raise RouteError(f"worker script {worker!r} must be an absolute path", key="worker")
-        if not script.is_file():
+        if not _is_file(script):
             raise RouteError(f"worker script {worker!r} does not exist", key="worker")
         if frozen and bundled:
             raise RouteError(

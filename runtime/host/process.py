@@ -43,7 +43,7 @@ from runtime.host.identity import ProcessIdentity
 from runtime.host.wslpaths import current_os_domain, is_wsl
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from runtime.host.launch import LaunchSpec
 
@@ -52,9 +52,12 @@ __all__ = [
     "RetireOutcome",
     "WorkerProcess",
     "WorkerStartError",
+    "handles_of",
     "retire_tree",
     "set_child_subreaper",
     "spawn_worker",
+    "wait_processes_gone",
+    "watch_until_gone",
 ]
 
 _log = logging.getLogger("omni.host.process")
@@ -106,6 +109,10 @@ class RetireOutcome:
     elapsed_s: float
     pid: int = 0
     detail: str = ""
+    #: The survivors by identity (pid + creation time), so they can be watched until gone.
+    survivor_identities: tuple[ProcessIdentity, ...] = ()
+    #: Each survivor's OS state when the deadline passed (``running``, ``disk-sleep``...).
+    survivor_states: tuple[str, ...] = ()
 
     @property
     def quarantine_reason(self) -> str | None:
@@ -118,7 +125,13 @@ class RetireOutcome:
                 "nothing was signalled, so its reservation must stay quarantined until the "
                 "process is confirmed gone"
             )
-        pids = ", ".join(str(pid) for pid in self.survivors)
+        if len(self.survivor_states) == len(self.survivors):
+            pids = ", ".join(
+                f"{pid} ({state})"
+                for pid, state in zip(self.survivors, self.survivor_states, strict=True)
+            )
+        else:
+            pids = ", ".join(str(pid) for pid in self.survivors)
         return (
             f"process(es) {pids} of the tree of pid {self.pid} were still alive "
             f"{self.elapsed_s:.1f} s into retirement, after being killed; the reservation "
@@ -140,6 +153,88 @@ def set_child_subreaper(enabled: bool = True) -> bool:
         error = ctypes.get_errno()
         raise OSError(error, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(error)}")
     return True
+
+
+def wait_processes_gone(
+    processes: Iterable[psutil.Process], deadline_s: float, *, poll_s: float = 0.05
+) -> list[psutil.Process]:
+    """Wait up to ``deadline_s`` for ``processes`` to be gone; return those still alive.
+
+    A zombie counts as gone. A multi-threaded process whose main thread exited shows as a
+    zombie while its other threads still run, and cannot be reaped yet; one adopted by this
+    process (a child subreaper) is reaped here once it can be.
+    """
+    until = time.monotonic() + deadline_s
+    pending = list(processes)
+    me = os.getpid()
+    while True:
+        alive = []
+        for process in pending:
+            try:
+                if not process.is_running():
+                    continue
+                if process.ppid() == me and sys.platform != "win32":
+                    if os.waitpid(process.pid, os.WNOHANG)[0] == process.pid:
+                        continue
+                    alive.append(process)
+                elif process.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(process)
+            except (psutil.NoSuchProcess, ChildProcessError):
+                continue
+            except psutil.AccessDenied:
+                alive.append(process)
+        if not alive or time.monotonic() >= until:
+            return alive
+        pending = alive
+        time.sleep(min(poll_s, max(0.0, until - time.monotonic())))
+
+
+def handles_of(identities: Iterable[ProcessIdentity]) -> list[psutil.Process]:
+    """psutil handles of the identities still naming their process (reused pids dropped)."""
+    handles = []
+    for identity in identities:
+        try:
+            handle = identity.process()
+        except PermissionError:
+            # Cannot tell; keep watching the pid as it is.
+            handle = psutil.Process(identity.pid)
+        if handle is not None:
+            handles.append(handle)
+    return handles
+
+
+def watch_until_gone(
+    name: str,
+    identities: Iterable[ProcessIdentity],
+    deadline_s: float,
+    on_gone: Callable[[float], None],
+) -> threading.Thread:
+    """Call ``on_gone(seconds)`` from a daemon thread once every process is gone.
+
+    For the survivors of a retirement: a killed process can take a while to exit (a large
+    address space to tear down, a thread in uninterruptible I/O). Past ``deadline_s`` the
+    watch ends with a warning and ``on_gone`` is never called.
+    """
+    deadline = _check_deadline(deadline_s)
+    targets = handles_of(identities)
+    start = time.monotonic()
+
+    def watch() -> None:
+        left = wait_processes_gone(targets, deadline, poll_s=0.2)
+        if left:
+            _log.warning(
+                "%s: process(es) %s still alive %.0f s after being killed; their reservation "
+                "stays quarantined",
+                name,
+                ", ".join(str(proc.pid) for proc in left),
+                deadline,
+            )
+            return
+        on_gone(time.monotonic() - start)
+
+    thread = threading.Thread(target=watch, name=f"omni-watch-{name}", daemon=True)
+    thread.start()
+    return thread
 
 
 def _peek_exit(popen: subprocess.Popen[bytes]) -> int | None:
@@ -359,12 +454,22 @@ def _retire(
             tree.refresh()
             killed = tree.signal(kill=True)
             tree.wait_gone(end)
-    survivors = tuple(sorted(proc.pid for proc in tree.alive()))
-    if popen is not None and identity.pid not in survivors:
+    alive = {proc.pid: proc for proc in tree.alive()}
+    if popen is not None and identity.pid not in alive:
         try:
             popen.wait(timeout=max(0.05, end - time.monotonic()))
         except subprocess.TimeoutExpired:
-            survivors = tuple(sorted({*survivors, identity.pid}))
+            alive[identity.pid] = root
+    survivors = tuple(sorted(alive))
+    identities: list[ProcessIdentity] = []
+    states: list[str] = []
+    for pid in survivors:
+        proc = alive[pid]
+        try:
+            identities.append(ProcessIdentity(pid, float(proc.create_time())))
+            states.append(str(proc.status()))
+        except psutil.Error:
+            states.append("unknown")
     return RetireOutcome(
         confirmed_gone=not survivors,
         verified=True,
@@ -374,6 +479,8 @@ def _retire(
         survivors=survivors,
         elapsed_s=time.monotonic() - start,
         pid=identity.pid,
+        survivor_identities=tuple(identities),
+        survivor_states=tuple(states) if len(states) == len(survivors) else (),
     )
 
 

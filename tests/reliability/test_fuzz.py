@@ -587,6 +587,13 @@ TAGGED_OPTIONS = (
     "adapter:\n  name: runtime.adapters.tensor:mlp_handoff\n"
     "  options: {k: !!python/name:os.system }\n"
 )
+#: Tags forced on values they cannot read: PyYAML raises AttributeError, KeyError, IndexError.
+TAGGED_SCALAR = "pipeline: p\ndescription: !!timestamp not a time\nasync_chunk: false\nstages: []\n"
+TAGGED_OPTION_VALUES = (
+    "pipeline: p\nasync_chunk: false\nstages: []\n"
+    "adapter:\n  name: runtime.adapters.tensor:mlp_handoff\n"
+    "  options: {a: !!timestamp x, b: !!bool maybe, c: !!int ''}\n"
+)
 #: Deeper than PyYAML's composer can recurse (about 500 levels).
 DEEP = "pipeline: p\nasync_chunk: false\nstages: " + "[" * 600 + "]" * 600 + "\n"
 #: Nine levels of nine aliases: 387 million leaves if anything expanded them.
@@ -609,8 +616,15 @@ def test_pipeline_files(
 
 @pytest.mark.parametrize(
     "source",
-    [RECURSIVE_OPTIONS, TAGGED_OPTIONS, DEEP, BILLION_LAUGHS],
-    ids=["recursive-options", "tagged-options", "deep-nesting", "billion-laughs"],
+    [RECURSIVE_OPTIONS, TAGGED_OPTIONS, TAGGED_SCALAR, TAGGED_OPTION_VALUES, DEEP, BILLION_LAUGHS],
+    ids=[
+        "recursive-options",
+        "tagged-options",
+        "tagged-scalar",
+        "tagged-option-values",
+        "deep-nesting",
+        "billion-laughs",
+    ],
 )
 def test_pipeline_files_hostile_yaml(demo_root: Path, source: str) -> None:
     _parse_typed(Examples("pipeline_files_hostile_yaml"), source, demo_root)

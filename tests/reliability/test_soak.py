@@ -47,7 +47,7 @@ SEED = 20260922
 MIX = {"add": 0.45, "chain": 0.45, "speech": 0.10}
 TEXTS = ("Hello.", "Yes, of course.", "The soak goes on.", "One, two, three.")
 CHAIN_VARIANTS = 8
-RSS_GROWTH_LIMIT = 128 << 20
+RSS_GROWTH_LIMIT = 32 << 20
 CHECK_EVERY = 50
 RESULT_TIMEOUT_S = 120.0
 

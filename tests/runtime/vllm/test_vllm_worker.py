@@ -7,6 +7,7 @@ a handshake, an engine build) and retires it, so each proves that nothing is lef
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import time
@@ -37,7 +38,11 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(3 * START_TIMEOUT_S)]
 #: confirmation waits behind the other streams' deltas.
 ABORT_BOUND_S = 2.0
 #: A killed worker is reported (WorkerDied) within this many seconds.
+log = logging.getLogger(__name__)
+
 DEATH_BOUND_S = 2.0
+#: How long killed vLLM processes may take to exit before the test calls it a leak.
+LATE_EXIT_BOUND_S = 120.0
 
 GREEDY = SamplingSpec(max_tokens=64, temperature=0.0, ignore_eos=True, seed=0)
 LONG = SamplingSpec(max_tokens=1800, temperature=0.0, ignore_eos=True)
@@ -201,9 +206,17 @@ def test_a_killed_worker_gives_worker_died_and_leaves_nothing(
             assert time.monotonic() - killed < DEATH_BOUND_S
             outcome = await client.wait_retired()
             assert outcome is not None
-            assert outcome.confirmed_gone
-            assert outcome.quarantine_reason is None
-            assert ledger.snapshot().is_empty  # released, not quarantined
+            assert outcome.verified
+            if not outcome.confirmed_gone:
+                # A killed engine process may take long to exit on a loaded machine: the
+                # reservation stays quarantined until the watcher sees it gone.
+                log.warning("survivors after retirement: %s", outcome.quarantine_reason)
+                assert set(outcome.survivors) <= {pid for pid, _ in identities}
+                watch = client.late_exit_watch
+                assert watch is not None
+                await asyncio.to_thread(watch.join, LATE_EXIT_BOUND_S)
+                assert not watch.is_alive(), f"still alive: {outcome.quarantine_reason}"
+            assert ledger.snapshot().is_empty  # released, or quarantined and then resolved
 
             for pid, created in identities:
                 try:
