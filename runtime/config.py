@@ -491,9 +491,16 @@ class ConfigReader:
             path = Path(os.path.normpath(self.base_dir / path))
         if suffix is not None and path.suffix != suffix:
             self.reject(item, f"{str(path)!r} is not a {suffix} file; expected {accepted}")
-        if not path.exists():
+        try:
+            exists, is_file = path.exists(), path.is_file()
+        except (OSError, ValueError) as exc:
+            # A name too long for the OS, or one with a NUL byte, names no file.
+            self.reject(
+                item, f"{what} {str(path)!r} cannot be looked up ({exc}); expected {accepted}"
+            )
+        if not exists:
             self.reject(item, f"{what} {str(path)!r} does not exist; expected {accepted}")
-        if not path.is_file():
+        if not is_file:
             self.reject(item, f"{what} {str(path)!r} is not a file; expected {accepted}")
         if executable and not os.access(path, os.X_OK):
             self.reject(item, f"{what} {str(path)!r} is not executable")

@@ -447,6 +447,7 @@ def test_unknown_os_domain(files: Path) -> None:
         ('"env:"', "names no valid environment"),
         ("env:a b", "names no valid environment"),
         ("missing/python", "does not exist"),
+        ("p" * 300, "cannot be looked up"),
         ("worker_ort.py", "is not executable"),
         ("42", "expected 'bundled'"),
     ],
