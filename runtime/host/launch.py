@@ -284,6 +284,8 @@ def worker_environment(
     * ``PYTHONDONTWRITEBYTECODE=1``: a worker never writes into the installation.
     * ``PYTHONIOENCODING=utf-8``: stderr is decoded as UTF-8 on every platform.
     * ``OMNI_EDGE_WORKER_GENERATION``: the worker echoes it so stale replies are fenced.
+    * ``ORT_DISABLE_TELEMETRY=1``: ONNX Runtime otherwise writes a session file into the
+      temporary folder and a database under ``~/.cache/Microsoft`` in every process.
 
     The route's ``extra`` variables come last and override everything above.
     """
@@ -305,6 +307,7 @@ def worker_environment(
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONIOENCODING": "utf-8",
             GENERATION_VARIABLE: str(generation),
+            "ORT_DISABLE_TELEMETRY": "1",
         }
     )
     env.update(_checked_env(extra, "route env"))

@@ -46,6 +46,7 @@ WORKER_VARIABLES = {
     "PYTHONDONTWRITEBYTECODE",
     "PYTHONIOENCODING",
     GENERATION_VARIABLE,
+    "ORT_DISABLE_TELEMETRY",
     "OMNI_EDGE_WORKER_TMPDIR",
 }
 PICKLING_MODULES = {"pickle", "_pickle", "cPickle", "dill", "cloudpickle", "marshal", "shelve"}

@@ -203,6 +203,7 @@ def test_environment_is_built_key_by_key() -> None:
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONIOENCODING": "utf-8",
         GENERATION_VARIABLE: "3",
+        "ORT_DISABLE_TELEMETRY": "1",
     }
 
 
@@ -322,3 +323,17 @@ def test_launch_spec_refuses_bad_fields(kwargs: dict[str, object], message: str)
     fields.update(kwargs)
     with pytest.raises(ValueError, match=re.escape(message)):
         LaunchSpec(**fields)  # type: ignore[arg-type]
+
+
+def test_importing_the_runtime_keeps_onnxruntime_from_writing_telemetry(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    temp = tmp_path / "tmp"
+    home.mkdir()
+    temp.mkdir()
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "TMPDIR": str(temp)}
+    code = "import runtime.devices, onnxruntime; onnxruntime.get_available_providers()"
+    subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=default_project_root(), check=True, timeout=60
+    )
+    assert not any(home.rglob("*")), sorted(home.rglob("*"))
+    assert not any(temp.rglob("*")), sorted(temp.rglob("*"))
