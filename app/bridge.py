@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import re
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -55,7 +56,7 @@ from app.models import (
     TopologyView,
 )
 from runtime.artifacts import load_example_inputs, verify_bundle
-from runtime.config import load_pipeline, resolve_callable
+from runtime.config import GraphBackendConfig, load_pipeline, resolve_callable
 from runtime.devices import (
     DISCOVERED,
     DeviceSelection,
@@ -92,7 +93,7 @@ from runtime.errors import (
     WorkerDied,
 )
 from runtime.ledger import LedgerEvent, LedgerSnapshot, ResourceLedger
-from runtime.paths import data_dir
+from runtime.paths import data_dir, expand_data_placeholder
 from runtime.planning import PipelinePlan, plan_pipeline
 
 if TYPE_CHECKING:
@@ -527,6 +528,39 @@ def pipeline_for_bundle(manifest: Path, topology: Topology) -> Path:
     return path
 
 
+#: A bundle in the user data directory's voice folder, as a pipeline names it.
+_DATA_VOICE_MANIFEST = re.compile(r"(\$\{data\}/voices/([A-Za-z0-9._-]+)/[^\s'\"]*manifest\.json)")
+
+
+def missing_voices(pipeline: Path) -> list[str]:
+    """Voices whose bundles ``pipeline`` names under ``${data}/voices/`` but that are found
+    neither in the user data directory nor among the voices this installation ships (see
+    :func:`runtime.paths.voice_dir`); an unreadable file names none: loading it reports why."""
+    try:
+        text = pipeline.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return []
+    missing = {
+        voice
+        for manifest, voice in _DATA_VOICE_MANIFEST.findall(text)
+        if not Path(expand_data_placeholder(manifest)).is_file()
+    }
+    return sorted(missing)
+
+
+def export_missing_voices(pipeline: Path, progress: Callable[[str], None]) -> list[str]:
+    """Export, on first use, the voices :func:`missing_voices` finds from their installed
+    packages into the user data directory; return their names. A shipped voice is never
+    missing (the frozen application exports nothing); a voice this installation does not
+    know is left for loading the pipeline to report."""
+    from runtime.adapters.voice_export import KNOWN_VOICES, ensure_voice_bundles
+
+    exported = [voice for voice in missing_voices(pipeline) if voice in KNOWN_VOICES]
+    for voice in exported:
+        ensure_voice_bundles(voice, progress=progress)
+    return exported
+
+
 def is_manifest_path(path: Path) -> bool:
     return path.suffix.lower() == ".json" or path.is_dir()
 
@@ -568,10 +602,15 @@ def describe_pipeline(path: Path, topology: Topology, selection: DeviceSelection
     plan = plan_pipeline(source, topology=topology, selection=selection)
     kind, text = input_kind(config)
     examples: dict[str, np.ndarray] = {}
-    first = config.stages[0]
+    first = config.stages[0].backend
     first_report = plan.stages[0].bundle
-    if kind is InputKind.TENSORS and first_report is not None and first_report.ok:
-        examples = load_example_inputs(verify_bundle(first.backend.manifest))
+    if (
+        kind is InputKind.TENSORS
+        and isinstance(first, GraphBackendConfig)
+        and first_report is not None
+        and first_report.ok
+    ):
+        examples = load_example_inputs(verify_bundle(first.manifest))
     manifests = tuple(
         manifest_view(stage.name, stage.bundle) for stage in plan.stages if stage.bundle is not None
     )
@@ -864,6 +903,10 @@ class RuntimeBridge(QObject):
     def _studio_line(self, text: str, level: str = "INFO") -> None:
         self.log_line.emit(LogLine(time.time(), level, "studio", text))
 
+    def _post_studio_line(self, text: str) -> None:
+        """A studio log line from the control thread."""
+        self._post(partial(self._studio_line, text))
+
     def _apply_selection(self, selection: DeviceSelection) -> None:
         self._selection = selection
         if self._topology is not None:
@@ -928,6 +971,8 @@ class RuntimeBridge(QObject):
     def _open_job(self, path: Path) -> None:
         assert self._ctl_topology is not None
         try:
+            if not is_manifest_path(path):
+                export_missing_voices(path, progress=self._post_studio_line)
             opened = describe_pipeline(path, self._ctl_topology, self._ctl_selection)
         except (OmniError, OSError, ValueError) as exc:
             self._post(partial(self._open_failed, exc))

@@ -43,6 +43,32 @@ def demo_pipelines(folder: Path | None = None) -> list[tuple[Path, str]]:
     return demos
 
 
+def llm_environment(path: Path) -> str | None:
+    """The managed environment a demo's local language-model stage runs in, if it has one.
+
+    Such a demo needs that environment (``omni-edge env create NAME``) and a minute or more
+    to start vLLM; a stage with a remote route (``url``) needs neither.
+    """
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+    stages = document.get("stages") if isinstance(document, dict) else None
+    for stage in stages if isinstance(stages, list) else ():
+        backend = stage.get("backend") if isinstance(stage, dict) else None
+        if not isinstance(backend, dict) or backend.get("name") != "native.vllm.v1":
+            continue
+        route = backend.get("route")
+        route = route if isinstance(route, dict) else {}
+        if "url" in route:
+            continue
+        interpreter = route.get("interpreter", "env:vllm-cpu")
+        if isinstance(interpreter, str) and interpreter.startswith("env:"):
+            return interpreter.removeprefix("env:")
+        return "vllm"
+    return None
+
+
 def default_demo(folder: Path | None = None) -> Path | None:
     """The speech demo when it is bundled, else the first demo."""
     demos = demo_pipelines(folder)

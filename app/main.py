@@ -34,6 +34,11 @@ def _parser() -> argparse.ArgumentParser:
         help="run the bundled demos headless (Qt offscreen) and exit non-zero on any failure",
     )
     parser.add_argument(
+        "--with-llm",
+        action="store_true",
+        help="with --self-test: also run demos with a local language-model stage (needs vLLM)",
+    )
+    parser.add_argument(
         "--report",
         type=Path,
         metavar="FILE.json",
@@ -80,7 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["QT_QPA_PLATFORM"] = "offscreen"
         from app.selftest import run_self_test
 
-        return run_self_test(report=args.report, step_timeout_s=args.timeout)
+        return run_self_test(
+            report=args.report, step_timeout_s=args.timeout, with_llm=args.with_llm
+        )
     if args.pipeline is not None and not args.pipeline.exists():
         print(f"omni-edge-studio: {args.pipeline}: no such file", file=sys.stderr)
         return EXIT_USAGE

@@ -25,7 +25,7 @@ from PySide6.QtCore import QEventLoop, QMessageLogContext, QTimer, QtMsgType, qI
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QApplication
 
-from app.demos import demo_pipelines
+from app.demos import demo_pipelines, llm_environment
 from app.models import InputKind, RunOutcome, RunState
 from app.settings import StudioSettings
 
@@ -60,6 +60,7 @@ class DemoResult:
     seconds: float
     detail: str
     outputs: dict[str, Any] = field(default_factory=dict)
+    skipped: bool = False
 
 
 def wait_until(
@@ -97,7 +98,7 @@ def chain_reference(path: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, n
     import onnxruntime as ort
 
     from runtime.artifacts import verify_bundle
-    from runtime.config import load_pipeline, resolve_callable
+    from runtime.config import GraphBackendConfig, load_pipeline, resolve_callable
 
     config = load_pipeline(path)
     arrays: dict[str, np.ndarray] = dict(inputs)
@@ -111,6 +112,7 @@ def chain_reference(path: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, n
             arrays = {
                 name: np.asarray(value) for name, value in transform(outputs)["tensors"].items()
             }
+        assert isinstance(stage.backend, GraphBackendConfig), "a chain of graph stages"
         bundle = verify_bundle(stage.backend.manifest)
         session = ort.InferenceSession(str(bundle.graph_path), providers=["CPUExecutionProvider"])
         names = [output.name for output in session.get_outputs()]
@@ -152,6 +154,7 @@ def _run_demo(window: MainWindow, path: Path, timeout_s: float) -> DemoResult:
         f"{info.name} to finish",
     )
     stalls = window.stall_monitor.stats()
+    workers = _worker_command_lines()
     outcome = outcomes[-1]
     if outcome.status != "completed":
         raise StepFailed(f"the request {outcome.status}: {outcome.message or '; '.join(errors)}")
@@ -215,11 +218,82 @@ def _run_demo(window: MainWindow, path: Path, timeout_s: float) -> DemoResult:
         f"over {stalls.samples} ticks"
     )
     summary["event_loop"] = stalls.to_json()
+    summary["workers"] = workers
     return DemoResult(info.name, str(path), True, time.perf_counter() - started, detail, summary)
 
 
+def _worker_command_lines() -> list[list[str]]:
+    """The command lines of this process's live children: the loaded stages' workers."""
+    lines: list[list[str]] = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                lines.append(child.cmdline())
+        except psutil.Error:
+            continue  # the child ended while it was being looked at
+    return lines
+
+
+#: Legacy charsets Qt decodes through ICU (an HTML page's <meta charset>): label, bytes, text.
+ICU_CHARSETS = (
+    ("windows-1252", b"\x80 caf\xe9", "\u20ac caf\xe9"),
+    ("ISO-8859-2", b"\xa3\xf3d\xbc", "\u0141\xf3d\u017a"),
+    ("KOI8-R", b"\xf0\xd2\xc9\xd7\xc5\xd4", "\u041f\u0440\u0438\u0432\u0435\u0442"),
+    ("Shift_JIS", b"\x93\xfa\x96{\x8c\xea", "\u65e5\u672c\u8a9e"),
+    ("EUC-JP", b"\xc6\xfc\xcb\xdc\xb8\xec", "\u65e5\u672c\u8a9e"),
+    ("ISO-2022-JP", b"\x1b$BF|K\\8l\x1b(B", "\u65e5\u672c\u8a9e"),
+    ("GBK", b"\xd6\xd0\xce\xc4", "\u4e2d\u6587"),
+    ("gb18030", b"\xd6\xd0\xce\xc4", "\u4e2d\u6587"),
+    ("Big5", b"\xa4\xa4\xa4\xe5", "\u4e2d\u6587"),
+    ("EUC-KR", b"\xc7\xd1\xb1\xb9\xbe\xee", "\ud55c\uad6d\uc5b4"),
+)
+
+
+def qt_icu_checks() -> dict[str, Any]:
+    """Qt's functions that read ICU data, on English data (a build may trim ICU's data to
+    what Qt reads): collation, locale case mapping, time-zone names, legacy charsets."""
+    from PySide6.QtCore import QByteArray, QCollator, QLocale, QMimeData, QTimeZone
+
+    english = QLocale("en_US")
+    collator = QCollator(english)
+    checks = {
+        # ICU's collation puts "a" before "B"; code-point order would not.
+        "collation": collator.compare("a", "B") < 0 < collator.compare("b", "A"),
+        "locale case mapping": QLocale("tr_TR").toUpper("i") == "\u0130",
+        "time-zone name": QTimeZone.utc().displayName(
+            QTimeZone.TimeType.StandardTime, QTimeZone.NameType.LongName, english
+        )
+        == "Coordinated Universal Time",
+    }
+    collator.setNumericMode(True)
+    checks["numeric collation"] = collator.compare("file2", "file10") < 0
+    for label, encoded, text in ICU_CHARSETS:
+        mime = QMimeData()
+        page = f'<html><head><meta charset="{label}"></head><body>'.encode() + encoded
+        mime.setData("text/html", QByteArray(page + b"</body></html>"))
+        checks[f"charset {label}"] = text in mime.html()
+    return {"ok": all(checks.values()), "checks": checks}
+
+
+def audio_backend(unavailable_reason: str | None) -> dict[str, Any]:
+    """The PortAudio library the studio loaded for playback (a frozen build carries its own);
+    it loads when a streaming demo first expects audio."""
+    module = sys.modules.get("sounddevice")
+    if module is None:
+        return {"loaded": False, "reason": unavailable_reason or "no demo expected audio"}
+    return {
+        "loaded": True,
+        "portaudio": str(module.get_portaudio_version()[1]),
+        "library": str(getattr(module, "_libname", "")),
+    }
+
+
 def run_self_test(
-    *, report: Path | None = None, step_timeout_s: float = 180.0, demos_folder: Path | None = None
+    *,
+    report: Path | None = None,
+    step_timeout_s: float = 180.0,
+    demos_folder: Path | None = None,
+    with_llm: bool = False,
 ) -> int:
     from app.bridge import RuntimeBridge
     from app.window import MainWindow
@@ -244,14 +318,25 @@ def run_self_test(
         window.show()
         try:
             for path in demos:
-                try:
-                    result = _run_demo(window, path, step_timeout_s)
-                except StepFailed as exc:
-                    result = DemoResult(path.stem, str(path), False, 0.0, str(exc))
+                environment = llm_environment(path)
+                if environment is not None and not with_llm:
+                    result = DemoResult(
+                        path.stem,
+                        str(path),
+                        True,
+                        0.0,
+                        f"not run: its language-model stage needs the {environment} environment "
+                        "and a minute to start vLLM (--with-llm runs it)",
+                        skipped=True,
+                    )
+                else:
+                    try:
+                        result = _run_demo(window, path, step_timeout_s)
+                    except StepFailed as exc:
+                        result = DemoResult(path.stem, str(path), False, 0.0, str(exc))
                 results.append(result)
-                print(
-                    f"  {'ok  ' if result.ok else 'FAIL'} {path.stem:<12} {result.seconds:6.2f} s  {result.detail}"
-                )
+                status = "skip" if result.skipped else "ok  " if result.ok else "FAIL"
+                print(f"  {status} {path.stem:<12} {result.seconds:6.2f} s  {result.detail}")
         finally:
             window.close()
             try:
@@ -263,6 +348,14 @@ def run_self_test(
                 )
             except StepFailed as exc:
                 results.append(DemoResult("shutdown", "", False, 0.0, str(exc)))
+    audio = audio_backend(window.audio.unavailable_reason)
+    icu = qt_icu_checks()
+    failing = [name for name, ok in icu["checks"].items() if not ok]
+    print(f"  {'ok  ' if icu['ok'] else 'FAIL'} Qt ICU: {len(icu['checks'])} checks", *failing)
+    if failing:
+        results.append(DemoResult("qt_icu", "", False, 0.0, f"failed: {', '.join(failing)}"))
+    if audio["loaded"]:
+        print(f"  audio: {audio['portaudio']} from {audio['library']}")
     leftovers = [
         child
         for child in psutil.Process().children(recursive=True)
@@ -282,12 +375,19 @@ def run_self_test(
     if not demos:
         failed.append(DemoResult("demos", "", False, 0.0, "no demo pipelines were found"))
     for result in failed:
-        if result.pipeline in ("shutdown", "demos"):
+        if result.pipeline in ("shutdown", "demos", "qt_icu"):
             print(f"  FAIL {result.pipeline}: {result.detail}")
     if report is not None:
         report.write_text(
             json.dumps(
-                {"ok": not failed, "results": [asdict(result) for result in results]},
+                {
+                    "ok": not failed,
+                    "executable": sys.executable,
+                    "frozen": bool(getattr(sys, "frozen", False)),
+                    "audio": audio,
+                    "qt_icu": icu,
+                    "results": [asdict(result) for result in results],
+                },
                 indent=2,
             ),
             encoding="utf-8",

@@ -97,7 +97,9 @@ class Omni:
         """Submit a request (on first ``next``) and yield its outputs.
 
         ``inputs`` is what the pipeline takes: a mapping of arrays for a graph chain (None:
-        the example inputs), text for a speech pipeline.
+        the example inputs), text for a speech pipeline, text or ``{"text": ..., <sampling
+        options>}`` for a language-model pipeline, whose outputs stream the text as it is
+        generated (:attr:`OmniRequestOutput.text`).
         """
         request = self.orchestrator.submit(inputs, request_id=request_id)
         try:

@@ -9,7 +9,9 @@ found in this order:
 * a checkout has it as ``assets/`` beside the ``runtime`` package.
 
 The folder is only read: pipelines name their bundles relative to themselves
-(``../bundles/add/manifest.json``), and user data goes to :mod:`runtime.paths`.
+(``../bundles/add/manifest.json``), and user data goes to :mod:`runtime.paths`. A build may
+also ship exported voices in ``voices/<voice>/`` (the frozen application does), which
+:func:`runtime.paths.voice_dir` reads until the user has a copy of their own.
 """
 
 from __future__ import annotations
@@ -24,17 +26,21 @@ from runtime.errors import OmniError, UsageError
 __all__ = [
     "ASSETS_ENV",
     "PACKAGED_ASSETS",
+    "SHIPPED_VOICES",
     "AssetsNotFound",
     "UnknownDemo",
     "assets_candidates",
     "assets_dir",
     "demo_pipeline",
     "demo_pipelines",
+    "shipped_voice_dir",
 ]
 
 ASSETS_ENV: Final = "OMNI_EDGE_ASSETS"
 #: The assets' folder inside the installed ``runtime`` package (written by the wheel build).
 PACKAGED_ASSETS: Final = "_assets"
+#: The folder of exported voices inside the assets folder (``voices/<voice>/acoustic`` ...).
+SHIPPED_VOICES: Final = "voices"
 _PACKAGE_DIR: Final = Path(__file__).resolve().parent
 
 
@@ -88,3 +94,14 @@ def demo_pipeline(name: str) -> Path:
     raise UnknownDemo(
         f"no demo pipeline named {name!r} in {assets_dir() / 'pipelines'}; available: {names}"
     )
+
+
+def shipped_voice_dir(voice: str) -> Path | None:
+    """``<assets>/voices/<voice>`` when this installation ships that voice's exported bundles
+    (the frozen application does; a checkout or a wheel does not), else None. Never raises:
+    no assets folder means no shipped voice."""
+    try:
+        folder = assets_dir() / SHIPPED_VOICES / voice
+    except AssetsNotFound:
+        return None
+    return folder if folder.is_dir() else None

@@ -1,7 +1,8 @@
 """``plan``: everything that can be checked before anything loads.
 
-A plan validates the pipeline file, verifies every stage's bundle and explains the
-memory budget per constraint. It starts no process and reserves nothing.
+A plan validates the pipeline file, verifies every graph stage's bundle, names every
+language-model stage's model and route, and explains the memory budget per constraint.
+It starts no process and reserves nothing.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .artifacts import BundleReport, inspect_bundle
-from .config import PipelineConfig, load_pipeline
+from .config import LlmBackendConfig, PipelineConfig, RemoteLlmRoute, load_pipeline
 from .contracts import ExecutionDomain
 from .devices import (
     DeviceSelection,
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class StagePlan:
-    """One stage as the plan sees it."""
+    """One stage as the plan sees it: a graph stage's bundle, or a language-model stage's model."""
 
     name: str
     backend: str
@@ -38,6 +39,7 @@ class StagePlan:
     demands: dict[str, int]
     bundle: BundleReport | None
     device: str | None = None
+    model: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -47,6 +49,7 @@ class StagePlan:
             "device": self.device,
             "demands": self.demands,
             "bundle": None if self.bundle is None else self.bundle.to_json(),
+            "model": self.model,
         }
 
 
@@ -85,6 +88,13 @@ class PipelinePlan:
         for stage in self.stages:
             route = stage.route
             bundle = stage.bundle
+            if stage.model is not None:
+                where = route.get("url") or f"{route.get('interpreter')}, {route.get('os_domain')}"
+                lines.append(
+                    f"  {stage.name}: {stage.backend} via route {route.get('name')} ({where}); "
+                    f"model {stage.model}"
+                )
+                continue
             status = "no bundle" if bundle is None else ("verified" if bundle.ok else "REFUSED")
             lines.append(
                 f"  {stage.name}: {stage.backend} via route {route.get('name')} "
@@ -99,8 +109,30 @@ class PipelinePlan:
         return "\n".join(lines)
 
 
+def _llm_route_json(backend: LlmBackendConfig) -> dict[str, Any]:
+    route = backend.route
+    if isinstance(route, RemoteLlmRoute):
+        return {
+            "name": backend.route_name,
+            "url": route.url,
+            "model": route.model,
+            "api_key_env": route.api_key_env,
+            "connect_timeout_s": route.connect_timeout_s,
+            "read_timeout_s": route.read_timeout_s,
+        }
+    return {
+        "name": route.name,
+        "interpreter": route.interpreter,
+        "worker": route.worker,
+        "os_domain": route.os_domain,
+    }
+
+
 def _route_json(config: PipelineConfig, index: int) -> dict[str, Any]:
-    route = config.stages[index].backend.route
+    backend = config.stages[index].backend
+    if isinstance(backend, LlmBackendConfig):
+        return _llm_route_json(backend)
+    route = backend.route
     return {
         "name": route.name,
         "interpreter": route.interpreter,
@@ -138,8 +170,23 @@ def plan_pipeline(
     refusals: list[str] = []
     warnings: list[str] = []
     for index, stage in enumerate(config.stages):
-        route = stage.backend.route
-        report = inspect_bundle(stage.backend.manifest)
+        backend = stage.backend
+        if isinstance(backend, LlmBackendConfig):
+            # vLLM picks its device from its build: the managed environment names it.
+            stages.append(
+                StagePlan(
+                    name=stage.name,
+                    backend=backend.name,
+                    route=_route_json(config, index),
+                    demands=dict(stage.resource_budget.demands),
+                    bundle=None,
+                    device=None,
+                    model=backend.model_label,
+                )
+            )
+            continue
+        route = backend.route
+        report = inspect_bundle(backend.manifest)
         if not report.ok:
             refusals.extend(f"{stage.name}: {error}" for error in report.errors)
         device_name = None
@@ -165,7 +212,7 @@ def plan_pipeline(
         stages.append(
             StagePlan(
                 name=stage.name,
-                backend=stage.backend.name,
+                backend=backend.name,
                 route=_route_json(config, index),
                 demands=dict(stage.resource_budget.demands),
                 bundle=report,

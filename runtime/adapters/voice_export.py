@@ -39,10 +39,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
-import onnx
 import onnxruntime as ort
-from onnx import shape_inference
-from onnx.utils import Extractor
 
 import runtime
 from runtime.adapters.tts_text import Phonemizer, VoiceConfig
@@ -52,6 +49,8 @@ from runtime.paths import data_dir
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
+
+    import onnx
 
 __all__ = [
     "DEFAULT_ACOUSTIC_BUCKETS",
@@ -290,6 +289,12 @@ def _depends_on_inputs(
 
 def cut_voice(model_path: Path, workdir: Path) -> tuple[Path, Path]:
     """Write ``acoustic.onnx`` and ``decoder.onnx`` (clean I/O names) into ``workdir``."""
+    # Only the export needs onnx: the speech adapter and a frozen build that ships exported
+    # bundles import this module without it.
+    import onnx
+    from onnx import shape_inference
+    from onnx.utils import Extractor
+
     model = onnx.load(str(model_path))
     cut = find_cut(model)
     extractor = Extractor(shape_inference.infer_shapes(model))

@@ -25,6 +25,7 @@ from runtime.artifacts import VerifiedBundle, load_example_inputs
 from runtime.backends.base import CallResult, StageRecord, TensorSpec
 from runtime.backends.placement import PlacementReport, gate_placement
 from runtime.backends.retirement import settle_reservation
+from runtime.config import GraphBackendConfig
 from runtime.contracts import FrameLimits, RequestKey
 from runtime.contracts.buffers import DescriptorError
 from runtime.contracts.messages import (
@@ -48,6 +49,7 @@ from runtime.errors import (
     PlacementRefused,
     RequestCancelled,
     ResourceUnavailable,
+    UsageError,
     VerificationError,
     WorkerDied,
 )
@@ -117,9 +119,12 @@ class GraphStageClient:
         events: EventBus | None = None,
         timeouts: GraphTimeouts | None = None,
     ) -> None:
+        backend = stage.backend
+        if not isinstance(backend, GraphBackendConfig):
+            raise UsageError(f"{stage.name} is a {backend.name} stage, not a graph stage")
         self.name = stage.name
         self.stage = stage
-        self.route = stage.backend.route
+        self.route = backend.route
         self.bundle = bundle
         self.generation = generation
         self.timeouts = timeouts or GraphTimeouts()

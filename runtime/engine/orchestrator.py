@@ -1,10 +1,12 @@
 """The orchestrator: one pipeline's stages, driven by an asyncio loop in its own thread.
 
 It admits one graph request at a time (the seed's rule; extra work gets
-``ResourceUnavailable`` unless the pipeline sets a bounded ``max_queued``), moves each
-request through the stages with the model-owned handoff transform, copies handoffs
-before acknowledging, publishes typed events and owns every worker through its
-``StageRuntime``. All public methods are thread-safe and never run on the loop.
+``ResourceUnavailable`` unless the pipeline sets a bounded ``max_queued``); a pipeline with
+a language-model stage admits up to that stage's ``max_num_seqs`` at once, and its graph
+stages take them in turn. It moves each request through the stages with the pipeline's
+program, copies handoffs before acknowledging, publishes typed events and owns every
+worker through its ``StageRuntime``. All public methods are thread-safe and never run on
+the loop.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from runtime.backends.graph import GraphStageClient, GraphTimeouts
+    from runtime.backends.llm import LlmStageClient
     from runtime.config import PipelineConfig
     from runtime.devices import DeviceSelection, Topology
 
@@ -118,7 +121,9 @@ class Orchestrator:
         )
         self.program: PipelineProgram = load_program(config)
         self._lock = threading.Lock()
-        self._active: Request | None = None
+        self._running: list[Request] = []
+        #: Requests run at once, known once the stages started (see StageRuntime.concurrency).
+        self._concurrency = 1
         self._queue: deque[Request] = deque()
         self._requests: dict[str, Request] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -151,6 +156,7 @@ class Orchestrator:
             raise
         self._execution_plan = self._runtime.execution_plan()
         with self._lock:
+            self._concurrency = self._runtime.concurrency
             self._state = "running"
         self.events.publish(
             PipelineReady(pipeline=self.config.pipeline, execution_plan=self._execution_plan)
@@ -216,12 +222,18 @@ class Orchestrator:
         return self._execution_plan
 
     @property
-    def clients(self) -> list[GraphStageClient]:
+    def clients(self) -> list[GraphStageClient | LlmStageClient]:
+        """Each stage's backend client, in stage order."""
         return list(self._runtime.clients)
 
+    @property
+    def concurrency(self) -> int:
+        """How many requests run at once (1 for graph pipelines)."""
+        return self._concurrency
+
     def example_inputs(self) -> dict[str, np.ndarray]:
-        """The first stage's example inputs (the default request)."""
-        return self._runtime.clients[0].example_inputs()
+        """The first stage's example inputs (the default request of a graph chain)."""
+        return self._runtime.example_inputs()
 
     def metrics(self) -> dict[str, Any]:
         """Per-stage metrics of every finished request, and totals per stage."""
@@ -265,21 +277,26 @@ class Orchestrator:
                 raise UsageError(f"pipeline {self.config.pipeline} is not running ({self._state})")
             if request_id in self._requests:
                 raise UsageError(f"request id {request_id} is already in use")
-            if self._active is None:
-                self._active = request
+            if len(self._running) < self._concurrency:
+                self._running.append(request)
                 queued = False
             elif len(self._queue) < self.config.max_queued:
                 self._queue.append(request)
                 queued = True
             else:
-                limit = (
-                    "graph pipelines admit one request at a time"
-                    if self.config.max_queued == 0
-                    else f"the queue holds at most {self.config.max_queued}"
-                )
+                if self.config.max_queued:
+                    limit = f"the queue holds at most {self.config.max_queued}"
+                elif self._concurrency == 1:
+                    limit = "graph pipelines admit one request at a time"
+                else:
+                    limit = (
+                        f"it admits {self._concurrency} requests at a time, the max_num_seqs "
+                        "of its language-model stage"
+                    )
+                busy = ", ".join(running.request_id for running in self._running)
                 raise ResourceUnavailable(
-                    f"pipeline {self.config.pipeline} is busy with {self._active.request_id} "
-                    f"({limit}); consume or cancel it, then retry"
+                    f"pipeline {self.config.pipeline} is busy with {busy} "
+                    f"({limit}); consume or cancel one, then retry"
                 )
             self._requests[request_id] = request
         self.events.publish(RequestAdmitted(request_id=request_id, queued=queued))
@@ -310,9 +327,9 @@ class Orchestrator:
         request.task = self._loop.create_task(self._execute(request))
 
     async def _execute(self, request: Request) -> None:
-        clients = self._runtime.clients
+        stages = self._runtime.stages
         status, message = "completed", ""
-        context = RequestContext(request, clients, self.events)
+        context = RequestContext(request, stages, self.events)
         try:
             await self.program.run(context, request.inputs)
             request.stream.put(END)
@@ -329,8 +346,9 @@ class Orchestrator:
             status, message = "failed", f"{type(exc).__name__}: {exc}"
             request.stream.put(ExecutionError(message))
         finally:
-            for client in clients:
-                await client.cancel(request.key)
+            await context.aclose()
+            for stage in stages:
+                await stage.cancel(request.key)
             self._finish(request, status, message)
 
     async def _cancel(self, request: Request, reason: str) -> None:
@@ -348,18 +366,22 @@ class Orchestrator:
         if queued:
             self._finish(request, "cancelled", reason)
             return
-        for client in self._runtime.clients:
-            await client.cancel(old_key)
+        for stage in self._runtime.stages:
+            await stage.cancel(old_key)
         if request.task is not None and not request.task.done():
             request.task.cancel()
             await asyncio.gather(request.task, return_exceptions=True)
 
     def _finish(self, request: Request, status: str, message: str) -> None:
+        following: list[Request] = []
         with self._lock:
             self._requests.pop(request.request_id, None)
-            if self._active is request:
-                self._active = self._queue.popleft() if self._queue else None
-            following = self._active
+            if request in self._running:
+                self._running.remove(request)
+            while self._queue and len(self._running) < self._concurrency:
+                admitted = self._queue.popleft()
+                self._running.append(admitted)
+                following.append(admitted)
             self._completed.append(
                 {
                     "request_id": request.request_id,
@@ -371,5 +393,6 @@ class Orchestrator:
         self.events.publish(
             RequestFinished(request_id=request.request_id, status=status, message=message)
         )
-        if following is not None and following.task is None and following is not request:
-            self._launch(following)
+        for admitted in following:
+            if admitted.task is None:
+                self._launch(admitted)

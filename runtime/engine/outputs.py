@@ -21,6 +21,13 @@ class OmniRequestOutput:
     ``outputs`` are the application's own arrays. The stage that produced them keeps its
     slot until :meth:`release_stage_buffers` is called; the public generators call it
     when iteration advances or closes, direct consumers call it in ``finally``.
+
+    ``text`` is a language-model stage's text: on a partial output (``finished`` false) the
+    text added since the previous one, so the partials concatenate to the whole; on the
+    final output of a text-producing pipeline, the whole text. It is None on outputs that
+    carry no text (tensors, audio chunks). Shaped like audio, it is also in ``outputs``: a
+    text partial's outputs are ``{"text": <the new text>}``, as an audio partial's hold
+    ``pcm``, ``sample_rate`` and its indices.
     """
 
     request_id: str
@@ -29,6 +36,7 @@ class OmniRequestOutput:
     finished: bool
     index: int = 0
     metrics: Mapping[str, Any] = field(default_factory=dict)
+    text: str | None = None
     _release: Callable[[], None] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

@@ -2,55 +2,286 @@
 
 The default :class:`ChainProgram` is the seed's linear chain: each stage's outputs pass
 through the next stage's ``custom_process_input_func``, and the final stage's result is
-held (its slot occupied) until the caller acknowledges it. A pipeline may instead name a
-model adapter (``adapter: {name: module:Class, options: {...}}``), a program that drives
-the stages itself through a :class:`RequestContext` — the speech adapter, for example,
-calls the decoder stage once per audio chunk and streams each chunk out.
+held (its slot occupied) until the caller acknowledges it. A pipeline whose only stage is a
+language model runs :class:`TextProgram`: the prompt in, the text streamed out. A pipeline
+may instead name a model adapter (``adapter: {name: module:Class, options: {...}}``), a
+program that drives the stages itself through a :class:`RequestContext` — the speech
+adapter, for example, calls the decoder stage once per audio chunk and streams each chunk
+out, and the chat-to-speech adapter streams a language model's text into the voice.
+
+A pipeline with a language-model stage runs several requests at once (up to the stage's
+``max_num_seqs``); its graph stages keep their one call at a time, so a request waits for
+a graph stage another request is using (:meth:`RequestContext.call`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import numpy as np
 
-from runtime.config import resolve_callable
+from runtime.config import LlmBackendConfig, resolve_callable
+from runtime.contracts.llm_messages import SamplingSpec
+from runtime.contracts.messages import MessageError
 from runtime.engine.events import EventBus, RequestOutputReady, StageCallFinished
 from runtime.engine.outputs import OmniRequestOutput
+from runtime.engine.stages import GraphStage, LlmStage, StageHandle
 from runtime.errors import ModelError, RequestCancelled, UsageError
 
 if TYPE_CHECKING:
+    from types import TracebackType
+
     from runtime.backends.base import CallResult, TensorSpec
-    from runtime.backends.graph import GraphStageClient
+    from runtime.backends.vllm_client import Delta
     from runtime.config import PipelineConfig
+    from runtime.contracts import RequestKey
     from runtime.engine.orchestrator import Request
 
 Transform = Callable[[Mapping[str, np.ndarray]], Mapping[str, Any]]
 
 #: Outputs a request may have delivered but not yet acknowledged before ``emit`` waits.
 DEFAULT_WINDOW = 8
+#: What a pipeline's requests are (``input_kind``): text, or a mapping of tensors.
+TEXT_INPUT: Final = "text"
+TENSOR_INPUT: Final = "tensors"
+#: The per-request sampling options a caller may give (:class:`SamplingSpec`'s fields).
+SAMPLING_OPTIONS: Final = tuple(field.name for field in dataclasses.fields(SamplingSpec))
+#: The longest prompt a text request may have, in characters.
+MAX_PROMPT_CHARS: Final = 100_000
+#: The output name under which an output's text also travels (beside the ``pcm`` of audio).
+TEXT_OUTPUT: Final = "text"
+
+
+@dataclass(frozen=True, slots=True)
+class Emitted:
+    """One output as a program emits it (what a narrowed context hands to its hook)."""
+
+    outputs: Mapping[str, Any]
+    stage: str
+    finished: bool
+    metrics: Mapping[str, Any] | None
+    text: str | None
+
+
+EmitHook = Callable[[Emitted], Awaitable[None]]
+
+
+def sampling_with(
+    defaults: SamplingSpec, options: Mapping[str, Any], *, where: str
+) -> SamplingSpec:
+    """``defaults`` with ``options`` (fields of :class:`SamplingSpec`) replaced, checked."""
+    unknown = sorted(set(options) - set(SAMPLING_OPTIONS))
+    if unknown:
+        raise UsageError(
+            f"{where}: unknown sampling option {unknown[0]!r}; accepted: {', '.join(SAMPLING_OPTIONS)}"
+        )
+    values: dict[str, Any] = {
+        name: tuple(value) if isinstance(value, list) else value for name, value in options.items()
+    }
+    wanted = values.get("max_tokens")
+    if "min_tokens" not in values and isinstance(wanted, int) and wanted < defaults.min_tokens:
+        # A shorter answer than the default minimum was asked for: the default gives way.
+        values["min_tokens"] = max(0, wanted)
+    try:
+        return dataclasses.replace(defaults, **values)
+    except (MessageError, TypeError) as exc:
+        raise UsageError(f"{where}: {exc}") from None
+
+
+class _Resources:
+    """What one request holds across its contexts: graph stages kept with ``hold=True`` and
+    language-model streams not yet ended (both let go by :meth:`RequestContext.aclose`)."""
+
+    __slots__ = ("held", "streams")
+
+    def __init__(self) -> None:
+        self.held: list[GraphStage] = []
+        self.streams: list[TextStream] = []
+
+
+class TextStream(AsyncIterator[str]):
+    """The text of one language-model request, delta by delta (from :meth:`RequestContext.generate`).
+
+    The request starts on the first ``__anext__``. It ends when the engine finishes it, or
+    when the stream is closed early (``aclose`` or leaving ``async with``), which aborts it
+    inside the engine. A cancelled request (its epoch fenced) raises RequestCancelled.
+    ``text``, ``tokens`` and ``finish_reason`` describe what arrived so far.
+    """
+
+    def __init__(
+        self,
+        ctx: RequestContext,
+        stage: LlmStage,
+        prompt: str | Sequence[int],
+        sampling: SamplingSpec,
+    ) -> None:
+        self._ctx = ctx
+        self._stage = stage
+        self._prompt = prompt
+        self.sampling = sampling
+        self._deltas: AsyncIterator[Delta] | None = None
+        self._key: RequestKey | None = None
+        self._ended = False
+        self._parts: list[str] = []
+        self.tokens = 0
+        self.finish_reason: str | None = None
+        self._started_at = 0.0
+        self._first_at: float | None = None
+        self._finished_at: float | None = None
+
+    @property
+    def text(self) -> str:
+        """Everything generated so far."""
+        return "".join(self._parts)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def __aiter__(self) -> TextStream:
+        return self
+
+    async def __aenter__(self) -> TextStream:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def __anext__(self) -> str:
+        if self._ended:
+            raise StopAsyncIteration
+        request = self._ctx.request
+        if self._deltas is None:
+            self._ctx.check_cancelled()
+            self._key = request.key
+            self._started_at = time.perf_counter()
+            try:
+                self._deltas = await self._stage.client.generate(
+                    self._key, self._prompt, self.sampling
+                )
+            except BaseException:
+                self._forget()
+                raise
+        while True:
+            if request.cancel_requested or request.key != self._key:
+                await self.aclose()
+                raise RequestCancelled(f"request {request.request_id} was cancelled")
+            try:
+                delta = await anext(self._deltas)
+            except BaseException:
+                self._forget()
+                raise
+            if delta.text:
+                if self._first_at is None:
+                    self._first_at = time.perf_counter()
+                self._parts.append(delta.text)
+            self.tokens += len(delta.token_ids)
+            if delta.finished:
+                self.finish_reason = delta.finish_reason or "stop"
+                self._finished_at = time.perf_counter()
+                self._forget()
+                self._record()
+            if delta.text:
+                return delta.text
+            if delta.finished:
+                raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        """End the stream; a request still running is aborted inside the engine. Idempotent."""
+        if self._ended:
+            return
+        self._forget()
+        if self._deltas is not None and self._key is not None:
+            await self._stage.client.abort(self._key)
+
+    def _forget(self) -> None:
+        self._ended = True
+        streams = self._ctx.resources.streams
+        if self in streams:
+            streams.remove(self)
+
+    def metrics(self) -> dict[str, Any]:
+        """What this request measured: tokens, the finish reason, time to first text, speed."""
+        end = time.perf_counter() if self._finished_at is None else self._finished_at
+        run_s = end - self._started_at if self._started_at else 0.0
+        return {
+            "tokens": self.tokens,
+            "finish_reason": self.finish_reason,
+            "text_chars": sum(len(part) for part in self._parts),
+            "time_to_first_token_s": None
+            if self._first_at is None
+            else self._first_at - self._started_at,
+            "generation_s": run_s,
+            "tokens_per_s": self.tokens / run_s if run_s > 0 else None,
+        }
+
+    def _record(self) -> None:
+        request = self._ctx.request
+        finished = self._finished_at or time.perf_counter()
+        queue_s = (
+            max(0.0, self._started_at - request.submitted_at) if not request.stage_metrics else 0.0
+        )
+        prompt = self._prompt
+        entry: dict[str, Any] = {
+            "stage": self._stage.name,
+            "queue_s": queue_s,
+            "run_s": finished - self._started_at,
+            "transfer_s": 0.0,
+            "bytes_in": len(prompt.encode("utf-8")) if isinstance(prompt, str) else 4 * len(prompt),
+            "bytes_out": len(self.text.encode("utf-8")),
+            "tokens": self.tokens,
+            "finish_reason": self.finish_reason,
+            "time_to_first_token_s": None
+            if self._first_at is None
+            else self._first_at - self._started_at,
+            # perf_counter instants: when the request entered the engine and when it finished.
+            "started_at": self._started_at,
+            "finished_at": finished,
+        }
+        request.stage_metrics.append(entry)
+        self._ctx.events.publish(
+            StageCallFinished(
+                request_id=request.request_id,
+                stage=self._stage.name,
+                queue_s=entry["queue_s"],
+                run_s=entry["run_s"],
+                transfer_s=0.0,
+                bytes_in=entry["bytes_in"],
+                bytes_out=entry["bytes_out"],
+            )
+        )
 
 
 class RequestContext:
-    """What a program may do for one request: call stages and emit outputs."""
+    """What a program may do for one request: call graph stages, stream language-model
+    text, and emit outputs."""
 
     def __init__(
         self,
         request: Request,
-        clients: list[GraphStageClient],
+        stages: Sequence[StageHandle],
         events: EventBus,
         window: int = DEFAULT_WINDOW,
     ) -> None:
         self.request = request
-        self._clients = clients
-        self._events = events
+        self.events = events
+        self.resources = _Resources()
+        self._stages = list(stages)
         self._window = window
         self._outstanding = 0
         self._acknowledged = asyncio.Event()
         self._index = 0
+        self._hook: EmitHook | None = None
 
     @property
     def request_id(self) -> str:
@@ -58,36 +289,74 @@ class RequestContext:
 
     @property
     def stage_count(self) -> int:
-        return len(self._clients)
+        return len(self._stages)
+
+    def stage_kind(self, stage: int) -> str:
+        """``graph`` or ``llm``."""
+        return self._stages[stage].kind
 
     def stage_inputs(self, stage: int) -> tuple[TensorSpec, ...]:
-        """The fixed input bucket of a stage (names, dtypes, shapes)."""
-        return self._clients[stage].inputs
+        """The fixed input bucket of a graph stage (names, dtypes, shapes)."""
+        return self._graph(stage).client.inputs
 
     def stage_name(self, stage: int) -> str:
-        return self._clients[stage].name
+        return self._stages[stage].name
 
     def example_inputs(self, stage: int = 0) -> dict[str, np.ndarray]:
-        return self._clients[stage].example_inputs()
+        return self._graph(stage).client.example_inputs()
+
+    def _graph(self, stage: int) -> GraphStage:
+        handle = self._stages[stage]
+        if not isinstance(handle, GraphStage):
+            raise UsageError(f"{handle.name} is a language-model stage; use generate(), not call()")
+        return handle
+
+    def _llm(self, stage: int) -> LlmStage:
+        handle = self._stages[stage]
+        if not isinstance(handle, LlmStage):
+            raise UsageError(f"{handle.name} is a graph stage; use call(), not generate()")
+        return handle
+
+    def check_cancelled(self) -> None:
+        """Raise RequestCancelled once a cancel was asked for (from any thread)."""
+        if self.request.cancel_requested:
+            raise RequestCancelled(f"request {self.request_id} was cancelled")
+
+    def narrowed(self, first: int, emit: EmitHook) -> RequestContext:
+        """A view of stages ``first``, ``first + 1``, ... numbered from 0, whose outputs go to
+        ``emit`` instead of the caller: a program runs another program on some of its stages."""
+        view = RequestContext(self.request, self._stages[first:], self.events, self._window)
+        view.resources = self.resources
+        view._hook = emit
+        return view
 
     async def call(
         self, stage: int, tensors: Mapping[str, np.ndarray], *, hold: bool = False
     ) -> CallResult:
-        """One call of ``stage``. Its result arrays are already the caller's copies, so the
+        """One call of graph ``stage``. Its result arrays are already the caller's copies, so the
         slot is acknowledged at once unless ``hold`` keeps it (release with :meth:`release`).
 
-        A request cancelled while the program ran (during a handoff, say) starts no new call,
-        so no worker is retired for a call that had not begun."""
-        if self.request.cancel_requested:
-            raise RequestCancelled(f"request {self.request_id} was cancelled")
-        client = self._clients[stage]
-        started = time.perf_counter()
-        result = await client.call(self.request.key, tensors)
+        While another request of the pipeline uses the stage, this waits its turn. A request
+        cancelled while the program ran (during a handoff, say) starts no new call, so no
+        worker is retired for a call that had not begun."""
+        handle = self._graph(stage)
+        self.check_cancelled()
+        waited_from = time.perf_counter()
+        await handle.lock.acquire()
+        try:
+            self.check_cancelled()
+            started = time.perf_counter()
+            result = await handle.client.call(self.request.key, tensors)
+        except BaseException:
+            handle.lock.release()
+            raise
         queue_s = (
-            max(0.0, started - self.request.submitted_at) if not self.request.stage_metrics else 0.0
+            max(0.0, started - self.request.submitted_at)
+            if not self.request.stage_metrics
+            else started - waited_from
         )
         entry: dict[str, Any] = {
-            "stage": client.name,
+            "stage": handle.name,
             "queue_s": queue_s,
             "run_s": result.run_s,
             "transfer_s": result.transfer_s,
@@ -95,14 +364,43 @@ class RequestContext:
             "bytes_out": result.bytes_out,
         }
         self.request.stage_metrics.append(entry)
-        self._events.publish(StageCallFinished(request_id=self.request_id, **entry))
-        if not hold:
-            client.acknowledge(self.request.key)
+        self.events.publish(StageCallFinished(request_id=self.request_id, **entry))
+        if hold:
+            self.resources.held.append(handle)
+        else:
+            handle.client.acknowledge(self.request.key)
+            handle.lock.release()
         return result
 
     def release(self, stage: int) -> None:
         """Free a slot kept with ``hold=True``."""
-        self._clients[stage].acknowledge(self.request.key)
+        handle = self._graph(stage)
+        handle.client.acknowledge(self.request.key)
+        if handle in self.resources.held:
+            self.resources.held.remove(handle)
+            handle.lock.release()
+
+    def generate(self, stage: int, prompt: str | Sequence[int], **sampling: Any) -> TextStream:
+        """Stream the text a language-model ``stage`` generates for ``prompt`` (text or token
+        ids), delta by delta. ``sampling`` replaces the stage's defaults for this request
+        (fields of :class:`SamplingSpec`: max_tokens, temperature, top_p, seed, stop, ...).
+
+        Use ``async with ctx.generate(...) as text:`` so that leaving early aborts the
+        request inside the engine at once; a cancel of the request aborts it too."""
+        handle = self._llm(stage)
+        spec = sampling_with(handle.sampling, sampling, where=handle.name)
+        stream = TextStream(self, handle, prompt, spec)
+        self.resources.streams.append(stream)
+        return stream
+
+    async def aclose(self) -> None:
+        """Abort the request's unfinished text streams and free the graph slots it holds."""
+        for stream in list(self.resources.streams):
+            await stream.aclose()
+        for handle in list(self.resources.held):
+            self.resources.held.remove(handle)
+            await handle.cancel(self.request.key)
+            handle.lock.release()
 
     async def emit(
         self,
@@ -112,9 +410,15 @@ class RequestContext:
         finished: bool = False,
         wait: bool = False,
         metrics: Mapping[str, Any] | None = None,
+        text: str | None = None,
     ) -> None:
         """Hand one output to the caller. ``wait`` blocks until the caller acknowledges it;
-        otherwise this waits only while ``window`` outputs are unacknowledged."""
+        otherwise this waits only while ``window`` outputs are unacknowledged. ``text`` is a
+        language-model stage's text (see :attr:`OmniRequestOutput.text`); it also goes into
+        the outputs as ``text``."""
+        if self._hook is not None:
+            await self._hook(Emitted(dict(outputs), stage, finished, metrics, text))
+            return
         while self._outstanding >= self._window:
             self._acknowledged.clear()
             await self._acknowledged.wait()
@@ -127,19 +431,23 @@ class RequestContext:
             if not done.done():
                 done.set_result(None)
 
+        values = dict(outputs)
+        if text is not None:
+            values[TEXT_OUTPUT] = text
         output = OmniRequestOutput(
             request_id=self.request_id,
             stage=stage,
-            outputs=dict(outputs),
+            outputs=values,
             finished=finished,
             index=self._index,
             metrics={"stages": list(self.request.stage_metrics), **(metrics or {})},
+            text=text,
         )
         output._release = lambda: self._release_from_any_thread(loop, acknowledged)
         self._outstanding += 1
         self._index += 1
         self.request.stream.put(output)
-        self._events.publish(
+        self.events.publish(
             RequestOutputReady(
                 request_id=self.request_id, stage=stage, index=output.index, finished=finished
             )
@@ -169,6 +477,8 @@ class PipelineProgram(Protocol):
 
 class ChainProgram:
     """The linear chain of graph stages with model-owned handoff transforms."""
+
+    input_kind: Final = TENSOR_INPUT
 
     def __init__(self, config: PipelineConfig) -> None:
         self.config = config
@@ -222,9 +532,116 @@ class ChainProgram:
         return {str(name): np.array(value, copy=True) for name, value in tensors.items()}
 
 
-def load_program(config: PipelineConfig) -> PipelineProgram:
-    """The pipeline's adapter when it names one, else the linear chain."""
+@dataclass(frozen=True, slots=True)
+class TextRequest:
+    """A checked text request: the prompt, and the sampling options replacing the stage's."""
+
+    prompt: str
+    sampling: Mapping[str, Any]
+
+
+def parse_text_request(
+    request_input: object, *, pipeline: str, defaults: SamplingSpec, extra_keys: Sequence[str] = ()
+) -> tuple[TextRequest, dict[str, Any]]:
+    """Text, or ``{"text": str, <sampling options>...}`` -> a :class:`TextRequest`.
+
+    ``extra_keys`` are other keys the caller's program accepts; their values come back in the
+    second item. Raises UsageError naming what is accepted.
+    """
+    accepted = f"a string, or {{'text': str}} with sampling options ({', '.join(SAMPLING_OPTIONS)})"
+    extra: dict[str, Any] = {}
+    if isinstance(request_input, str):
+        text: object = request_input
+        options: dict[str, Any] = {}
+    elif isinstance(request_input, Mapping):
+        keys = [str(key) for key in request_input]
+        unknown = sorted(set(keys) - {"text", *SAMPLING_OPTIONS, *extra_keys})
+        if unknown or "text" not in request_input:
+            problem = f"unknown key {unknown[0]!r}" if unknown else "no 'text'"
+            raise UsageError(
+                f"pipeline {pipeline}: the request has {problem}; accepted: {accepted}"
+            )
+        text = request_input["text"]
+        options = {key: value for key, value in request_input.items() if key in SAMPLING_OPTIONS}
+        extra = {key: value for key, value in request_input.items() if key in extra_keys}
+    else:
+        found = "nothing" if request_input is None else type(request_input).__name__
+        raise UsageError(f"pipeline {pipeline} takes text; got {found}; accepted: {accepted}")
+    if not isinstance(text, str) or not text.strip():
+        raise UsageError(
+            f"pipeline {pipeline}: the text is {'empty' if isinstance(text, str) else type(text).__name__}; "
+            f"accepted: {accepted}"
+        )
+    if len(text) > MAX_PROMPT_CHARS:
+        raise UsageError(
+            f"pipeline {pipeline}: the text has {len(text)} characters; accepted: at most "
+            f"{MAX_PROMPT_CHARS}"
+        )
+    sampling_with(defaults, options, where=f"pipeline {pipeline}")
+    return TextRequest(text, options), extra
+
+
+class TextProgram:
+    """A lone language-model stage: the prompt in, its text streamed out.
+
+    Each partial output carries the new text in :attr:`OmniRequestOutput.text`; the final one
+    carries the whole text, and its ``metrics`` hold the tokens, the finish reason, the time to
+    the first text and the speed.
+    """
+
+    input_kind: Final = TEXT_INPUT
+    example_text: Final = "The river and the mountain"
+
+    def __init__(self, config: PipelineConfig) -> None:
+        backend = config.stages[0].backend
+        if not isinstance(backend, LlmBackendConfig) or len(config.stages) != 1:
+            raise UsageError(
+                f"pipeline {config.pipeline}: a text program runs one language-model stage"
+            )
+        self.config = config
+        self.sampling = backend.sampling
+
+    def prepare(self, request_input: Any) -> TextRequest:
+        request, _ = parse_text_request(
+            request_input, pipeline=self.config.pipeline, defaults=self.sampling
+        )
+        return request
+
+    async def run(self, ctx: RequestContext, request: TextRequest) -> None:
+        stage = ctx.stage_name(0)
+        async with ctx.generate(0, request.prompt, **request.sampling) as stream:
+            async for text in stream:
+                await ctx.emit({}, stage=stage, text=text)
+        await ctx.emit(
+            {}, stage=stage, finished=True, text=stream.text, metrics=stream.metrics(), wait=False
+        )
+
+
+def input_kind(config: PipelineConfig) -> str:
+    """What the pipeline's requests are, known before anything starts: ``text`` or ``tensors``.
+
+    A graph chain takes tensors and a lone language model text; an adapter takes text unless
+    its class says ``input_kind = "tensors"``.
+    """
     if config.adapter is None:
+        first = config.stages[0].backend
+        return TEXT_INPUT if isinstance(first, LlmBackendConfig) else TENSOR_INPUT
+    factory = resolve_callable(
+        config.adapter.name,
+        file=str(config.source),
+        line=config.adapter.line,
+        key="adapter.name",
+    )
+    declared = getattr(factory, "input_kind", TEXT_INPUT)
+    return TENSOR_INPUT if declared == TENSOR_INPUT else TEXT_INPUT
+
+
+def load_program(config: PipelineConfig) -> PipelineProgram:
+    """The pipeline's adapter when it names one, else the linear chain (or the text program
+    of a lone language-model stage)."""
+    if config.adapter is None:
+        if isinstance(config.stages[0].backend, LlmBackendConfig):
+            return TextProgram(config)
         return ChainProgram(config)
     factory = resolve_callable(
         config.adapter.name,

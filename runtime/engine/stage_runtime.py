@@ -3,17 +3,43 @@
 Nothing loads before the whole plan is reserved in the ledger, and any failure retires
 every started worker and settles every reservation (released, or quarantined when a
 worker could not be confirmed gone) before the error reaches the caller.
+
+Graph stages (``external.graph.v1``) and language-model stages (``native.vllm.v1``) are
+resolved, reserved and started the same way; a language-model stage runs vLLM in a worker
+(:class:`~runtime.backends.vllm_client.VllmStageClient`) or talks to a remote server
+(``RemoteLlmStageClient``, imported only when a pipeline names a remote route).
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
+import importlib.util
 import itertools
 import logging
-from typing import TYPE_CHECKING, Any
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
-from runtime.artifacts import verify_bundle
-from runtime.backends.graph import BACKEND_NAME, GraphStageClient, GraphTimeouts
+from runtime.adapters.tiny_llm import TinyModelError, ensure_tiny_model
+from runtime.artifacts import VerifiedBundle, verify_bundle
+from runtime.backends.graph import GraphStageClient, GraphTimeouts
+from runtime.backends.vllm_client import (
+    DEFAULT_MEMORY_CONSTRAINT,
+    VllmRoute,
+    VllmStageClient,
+    VllmStageSpec,
+    VllmTimeouts,
+    engine_floor_bytes,
+)
+from runtime.config import (
+    TINY_MODEL,
+    GraphBackendConfig,
+    LlmBackendConfig,
+    LlmRouteConfig,
+    RemoteLlmRoute,
+)
 from runtime.devices import (
     DeviceSelection,
     Topology,
@@ -22,14 +48,20 @@ from runtime.devices import (
     load_selection,
 )
 from runtime.engine.events import EventBus, StageReady, StageStarting
-from runtime.errors import OmniError
+from runtime.engine.stages import GraphStage, LlmStage, StageHandle
+from runtime.envs.manager import envs_root
+from runtime.errors import ConfigError, ExecutionError, OmniError, UsageError
+from runtime.host import RouteError, is_frozen, resolve_interpreter, worker_argv
 
 if TYPE_CHECKING:
-    from runtime.artifacts import VerifiedBundle
-    from runtime.config import PipelineConfig
-    from runtime.ledger import PlanReservation, ResourceLedger
+    from runtime.backends.llm import LlmStageClient
+    from runtime.config import PipelineConfig, StageConfig
+    from runtime.ledger import PlanReservation, ResourceLedger, StageReservation
 
 log = logging.getLogger("omni.engine.runtime")
+
+#: The module that serves a remote language-model route (RemoteEndpoint, RemoteLlmStageClient).
+REMOTE_LLM_MODULE = "runtime.backends.remote_llm"
 
 _generations = itertools.count(1)
 
@@ -49,8 +81,25 @@ class StageStartError(OmniError):
         self.exit_code = cause.exit_code
 
 
+@dataclass(frozen=True, slots=True)
+class _LocalLlm:
+    """A local language-model stage as resolved: the Python its route runs."""
+
+    python: Path
+
+
+@dataclass(frozen=True, slots=True)
+class _RemoteLlm:
+    """A remote language-model stage as resolved: its client exists, its API key was read."""
+
+    api_key: str | None = field(default=None, repr=False)
+
+
+_Resolved = VerifiedBundle | _LocalLlm | _RemoteLlm
+
+
 class StageRuntime:
-    """Owns the clients of one pipeline and the plan reservation behind them."""
+    """Owns the stages of one pipeline and the plan reservation behind them."""
 
     def __init__(
         self,
@@ -61,6 +110,8 @@ class StageRuntime:
         topology: Topology | None = None,
         selection: DeviceSelection | None = None,
         timeouts: GraphTimeouts | None = None,
+        llm_timeouts: VllmTimeouts | None = None,
+        env_dir: Path | None = None,
     ) -> None:
         self.config = config
         self.ledger = ledger
@@ -68,18 +119,37 @@ class StageRuntime:
         self.topology = topology
         self.selection = selection
         self.timeouts = timeouts
-        self.clients: list[GraphStageClient] = []
+        self.llm_timeouts = llm_timeouts
+        self.env_dir = env_dir
+        self.stages: list[StageHandle] = []
+        #: Each stage's backend client, in stage order.
+        self.clients: list[GraphStageClient | LlmStageClient] = []
         self._plan: PlanReservation | None = None
 
-    def _resolve(self) -> list[VerifiedBundle]:
-        """Every check that needs no process: bundles, devices and routes."""
-        topology = self.topology if self.topology is not None else discover_topology()
-        selection = self.selection if self.selection is not None else load_selection()
-        bundles = []
+    # -- resolve (no process, no reservation) ------------------------------------------
+
+    def _where(self, stage: StageConfig, key: str) -> dict[str, Any]:
+        return {
+            "file": str(self.config.source) if self.config.source is not None else None,
+            "line": stage.location.line,
+            "key": f"stages[{stage.stage_id}].{key}",
+        }
+
+    def _resolve(self) -> list[_Resolved]:
+        """Every check that needs no process: bundles, devices, routes and models."""
+        topology: Topology | None = self.topology
+        selection: DeviceSelection | None = self.selection
+        resolved: list[_Resolved] = []
         for stage in self.config.stages:
-            if stage.backend.name != BACKEND_NAME:
-                raise OmniError(f"{stage.name}: backend {stage.backend.name} is not available")
-            route = stage.backend.route
+            backend = stage.backend
+            if isinstance(backend, LlmBackendConfig):
+                resolved.append(self._resolve_llm(stage, backend))
+                continue
+            if topology is None:
+                topology = discover_topology()
+            if selection is None:
+                selection = load_selection()
+            route = backend.route
             check_route_device(
                 topology,
                 selection,
@@ -87,47 +157,200 @@ class StageRuntime:
                 target_provider=route.target_provider,
                 stage=stage.name,
             )
-            bundles.append(verify_bundle(stage.backend.manifest))
-        return bundles
+            resolved.append(verify_bundle(backend.manifest))
+        return resolved
 
-    async def start(self) -> list[GraphStageClient]:
+    def _resolve_llm(self, stage: StageConfig, backend: LlmBackendConfig) -> _Resolved:
+        route = backend.route
+        if isinstance(route, RemoteLlmRoute):
+            if importlib.util.find_spec(REMOTE_LLM_MODULE) is None:
+                raise UsageError(
+                    f"{stage.name}: remote language-model routes ({route.url}) need "
+                    f"{REMOTE_LLM_MODULE}, which this installation does not have"
+                )
+            if route.api_key_env is None:
+                return _RemoteLlm()
+            api_key = os.environ.get(route.api_key_env)
+            if not api_key:
+                raise ConfigError(
+                    f"{stage.name}: the environment variable {route.api_key_env} holds no API "
+                    f"key; set it before starting the pipeline, or remove api_key_env for a "
+                    "server without keys",
+                    **self._where(stage, "backend.route.api_key_env"),
+                )
+            return _RemoteLlm(api_key=api_key)
+        frozen = is_frozen()
+        try:
+            argv = resolve_interpreter(
+                route.interpreter,
+                frozen=frozen,
+                env_dir=envs_root() if self.env_dir is None else self.env_dir,
+                os_domain=route.os_domain,
+            )
+            worker_argv(argv, route.worker, frozen=frozen)
+        except RouteError as exc:
+            raise RouteError(
+                f"{stage.name}: {exc.detail}", **self._where(stage, f"backend.route.{exc.key}")
+            ) from exc
+        if isinstance(backend.model, Path):
+            self._check_floor(stage, backend, backend.model)
+        return _LocalLlm(python=Path(argv[0]))
+
+    def _check_floor(self, stage: StageConfig, backend: LlmBackendConfig, model_dir: Path) -> None:
+        """The stage's memory demand must cover its weights plus its KV cache."""
+        floor = engine_floor_bytes(model_dir, backend.engine_args)
+        declared = stage.resource_budget.demands.get(DEFAULT_MEMORY_CONSTRAINT, 0)
+        if declared < floor:
+            raise ConfigError(
+                f"{stage.name} demands {declared} bytes of {DEFAULT_MEMORY_CONSTRAINT}, less than "
+                f"the weights of {model_dir} plus the KV cache ({floor} bytes); accepted: a "
+                f"demand of at least {floor} bytes (the worker tree holds more: about 1.5 GiB "
+                "for the tiny model on the CPU)",
+                **self._where(stage, f"resource_budget.demands[{DEFAULT_MEMORY_CONSTRAINT}]"),
+            )
+
+    # -- start -----------------------------------------------------------------------
+
+    async def start(self) -> list[StageHandle]:
         """Start every stage; on failure unwind and raise :class:`StageStartError`."""
-        bundles = self._resolve()
+        resolved = self._resolve()
         self.ledger.declare_capacities(self.config.capacities)
         self._plan = self.ledger.reserve_plan(self.config.pipeline, self.config.demands_by_stage())
         try:
-            for stage, bundle in zip(self.config.stages, bundles, strict=True):
-                self.clients.append(
-                    GraphStageClient(
-                        stage,
-                        bundle=bundle,
-                        ledger=self.ledger,
-                        reservation=self._plan.stages[stage.name],
-                        generation=next_generation(),
-                        events=self.events,
-                        timeouts=self.timeouts,
-                    )
+            for stage, found in zip(self.config.stages, resolved, strict=True):
+                handle = await self._make_stage(stage, found, self._plan.stages[stage.name])
+                self.stages.append(handle)
+                self.clients.append(handle.client)
+            for handle in self.stages:
+                route = (
+                    handle.client.route.name
+                    if isinstance(handle, GraphStage)
+                    else handle.backend.route_name
                 )
-            for client in self.clients:
-                self.events.publish(StageStarting(stage=client.name, route=client.route.name))
+                self.events.publish(StageStarting(stage=handle.name, route=route))
             results = await asyncio.gather(
-                *(client.start() for client in self.clients), return_exceptions=True
+                *(self._start_one(handle) for handle in self.stages), return_exceptions=True
             )
-            for client, result in zip(self.clients, results, strict=True):
+            for handle, result in zip(self.stages, results, strict=True):
                 if isinstance(result, BaseException):
                     if isinstance(result, OmniError):
-                        raise StageStartError(client.name, result) from result
+                        raise StageStartError(handle.name, result) from result
                     raise result
-                self.events.publish(StageReady(stage=client.name, record=result.to_json()))
+                self.events.publish(StageReady(stage=handle.name, record=result))
         except BaseException:
             await self.close()
             raise
-        return self.clients
+        return self.stages
+
+    @staticmethod
+    async def _start_one(handle: StageHandle) -> dict[str, Any]:
+        if isinstance(handle, GraphStage):
+            return (await handle.client.start()).to_json()
+        return (await handle.start()).to_json()
+
+    async def _make_stage(
+        self, stage: StageConfig, found: _Resolved, reservation: StageReservation
+    ) -> StageHandle:
+        backend = stage.backend
+        if isinstance(backend, GraphBackendConfig):
+            assert isinstance(found, VerifiedBundle)
+            client = GraphStageClient(
+                stage,
+                bundle=found,
+                ledger=self.ledger,
+                reservation=reservation,
+                generation=next_generation(),
+                events=self.events,
+                timeouts=self.timeouts,
+            )
+            return GraphStage(stage, client)
+        if isinstance(found, _RemoteLlm):
+            # A remote stage holds no local memory: its reservation stays with this runtime.
+            return LlmStage(stage, backend, self._remote_client(stage, backend, found))
+        assert isinstance(found, _LocalLlm)
+        assert isinstance(backend.route, LlmRouteConfig)
+        model_dir = await self._model_dir(stage, backend, found)
+        route = backend.route
+        spec = VllmStageSpec(
+            name=stage.name,
+            model_dir=model_dir,
+            engine_args=backend.engine_args,
+            route=VllmRoute(
+                interpreter=route.interpreter,
+                os_domain=route.os_domain,
+                worker=route.worker,
+                env=route.env,
+            ),
+            demands=stage.resource_budget.demands,
+        )
+        vllm = VllmStageClient(
+            spec,
+            ledger=self.ledger,
+            reservation=reservation,
+            generation=next_generation(),
+            events=self.events,
+            timeouts=self.llm_timeouts,
+            env_dir=self.env_dir,
+        )
+        return LlmStage(stage, backend, vllm)
+
+    async def _model_dir(
+        self, stage: StageConfig, backend: LlmBackendConfig, found: _LocalLlm
+    ) -> Path:
+        """The model directory; ``model: tiny`` is built by the route's Python when missing."""
+        if isinstance(backend.model, Path):
+            return backend.model
+        assert backend.model == TINY_MODEL
+        loop = asyncio.get_running_loop()
+        try:
+            model_dir = await loop.run_in_executor(None, ensure_tiny_model, found.python)
+        except TinyModelError as exc:
+            raise StageStartError(stage.name, ExecutionError(str(exc))) from exc
+        self._check_floor(stage, backend, model_dir)
+        return model_dir
+
+    def _remote_client(
+        self, stage: StageConfig, backend: LlmBackendConfig, found: _RemoteLlm
+    ) -> LlmStageClient:
+        """The remote route's client; its module is imported only for a pipeline that names one."""
+        route = backend.route
+        assert isinstance(route, RemoteLlmRoute)
+        module = importlib.import_module(REMOTE_LLM_MODULE)
+        endpoint = module.RemoteEndpoint(
+            url=route.url,
+            model=route.model,
+            api_key=found.api_key,
+            connect_timeout_s=route.connect_timeout_s,
+            read_timeout_s=route.read_timeout_s,
+            max_in_flight=backend.engine_args.max_num_seqs,
+        )
+        return cast(
+            "LlmStageClient", module.RemoteLlmStageClient(stage.name, endpoint, events=self.events)
+        )
+
+    # -- while running -----------------------------------------------------------------
+
+    @property
+    def concurrency(self) -> int:
+        """Requests the pipeline runs at once: 1 with graph stages only, else the smallest
+        ``max_num_seqs`` of its language-model stages (graph stages take them in turn)."""
+        limits = [stage.max_num_seqs for stage in self.stages if isinstance(stage, LlmStage)]
+        return min(limits) if limits else 1
+
+    def example_inputs(self) -> dict[str, Any]:
+        """The first stage's example inputs (the default request of a graph chain)."""
+        first = self.stages[0] if self.stages else None
+        if not isinstance(first, GraphStage):
+            raise UsageError(
+                f"pipeline {self.config.pipeline} starts with a language-model stage: it takes "
+                "text, and has no example tensors"
+            )
+        return first.client.example_inputs()
 
     async def close(self) -> None:
         """Retire every worker and settle every reservation. Idempotent."""
-        clients, self.clients = self.clients, []
-        await asyncio.gather(*(client.close() for client in clients), return_exceptions=True)
+        stages, self.stages, self.clients = self.stages, [], []
+        await asyncio.gather(*(stage.close() for stage in stages), return_exceptions=True)
         plan, self._plan = self._plan, None
         if plan is not None:
             # Stages whose client never took its reservation over still hold it here.
@@ -136,11 +359,11 @@ class StageRuntime:
                     self.ledger.release(reservation.id)
 
     def execution_plan(self) -> dict[str, Any]:
-        """The resolved plan: manifest identity, worker generation, route, reservations, placement."""
+        """The resolved plan: identity, worker generation, route, reservations, placement."""
         return {
             "pipeline": self.config.pipeline,
             "label": "B",
-            "label_meaning": "backend execution of the listed graphs, not complete-model (P)",
+            "label_meaning": "backend execution of the listed stages, not complete-model (P)",
             "source": None if self.config.source is None else str(self.config.source),
-            "stages": [client.record().to_json() for client in self.clients],
+            "stages": [stage.record() for stage in self.stages],
         }

