@@ -89,11 +89,11 @@ class PipelinePlan:
             route = stage.route
             bundle = stage.bundle
             if stage.model is not None:
-                where = route.get("url") or f"{route.get('interpreter')}, {route.get('os_domain')}"
-                lines.append(
-                    f"  {stage.name}: {stage.backend} via route {route.get('name')} ({where}); "
-                    f"model {stage.model}"
-                )
+                if route.get("url"):
+                    via = f"the server {route.get('url')}"
+                else:
+                    via = f"route {route.get('name')} ({route.get('interpreter')})"
+                lines.append(f"  {stage.name}: {stage.backend} via {via}; model {stage.model}")
                 continue
             status = "no bundle" if bundle is None else ("verified" if bundle.ok else "REFUSED")
             lines.append(
