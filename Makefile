@@ -73,8 +73,10 @@ bundles: $(BUNDLES_STAMP)
 # dist/: the project's wheel (demo assets and bundles inside), omni-stage-contracts' wheel
 # and source archive, and the desktop application frozen with PyInstaller (one folder with a
 # desktop entry and icons) as omni-edge-studio-<version>-linux-x86_64.tar.gz (about 2 minutes
-# on two cores; PyInstaller's cache in build/frozen makes rebuilds faster). build/lib is
-# cleared so no removed module lingers in the wheel.
+# on two cores; PyInstaller's cache in build/frozen makes rebuilds faster). The application
+# ships the speech demo's voice exported into build/voices (once per voice release) and Qt's
+# ICU data trimmed with icupkg (icu-devtools, from system-deps). build/lib is cleared so no
+# removed module lingers in the wheel.
 package: setup
 	rm -rf build/lib build/bdist.*
 	$(PY) -m build --wheel --outdir dist .

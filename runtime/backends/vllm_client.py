@@ -266,6 +266,12 @@ class DeltaStream(AsyncIterator[Delta]):
     async def __anext__(self) -> Delta:
         if self._ended:
             raise StopAsyncIteration
+        if self._request.aborted:
+            # The abort fences the request: deltas that arrived before it are not delivered.
+            self._ended = True
+            raise RequestCancelled(
+                f"{self._client.name}: request {self._request.key.request_id} was aborted"
+            )
         item = await self._request.queue.get()
         if isinstance(item, BaseException):
             self._ended = True
@@ -513,6 +519,8 @@ class VllmStageClient:
         request = self._requests.get(message.request_id)
         if request is None or request.key.epoch != message.epoch:
             log.debug("%s: dropped a stale delta of %s", self.name, message.request_id)
+            return
+        if request.aborted and not message.finished:
             return
         if message.finished:
             self._end(request)
