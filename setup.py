@@ -19,7 +19,12 @@ ROOT = Path(__file__).resolve().parent
 ASSETS = ROOT / "assets"
 PACKAGED = Path("runtime", "_assets")
 #: (folder under assets/, file pattern) copied into the wheel.
-SHIPPED = (("pipelines", "*.yaml"), ("topologies", "*.yaml"), ("topologies", "README.md"))
+SHIPPED = (
+    ("pipelines", "*.yaml"),
+    ("topologies", "*.yaml"),
+    ("topologies", "README.md"),
+    ("icon", "omni-edge-studio.png"),
+)
 _BUNDLE_REFERENCE = re.compile(r"^\s*manifest:\s*\.\./bundles/([A-Za-z0-9._-]+)/manifest\.json\s*$")
 
 

@@ -2,25 +2,34 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import yaml
 
-ASSETS_ENV = "OMNI_EDGE_ASSETS"
+from runtime.assets import AssetsNotFound
+from runtime.assets import assets_dir as runtime_assets_dir
+
 #: Demos listed first, in this order; any other pipeline follows alphabetically.
 PREFERRED = ("speak", "speech", "add", "mlp-chain")
+#: The application icon inside the assets folder.
+ICON = Path("icon", "omni-edge-studio.png")
 
 
 def assets_dir() -> Path:
-    override = os.environ.get(ASSETS_ENV)
-    if override:
-        return Path(override)
-    frozen = getattr(sys, "_MEIPASS", None)
-    if frozen is not None:
-        return Path(frozen) / "assets"
-    return Path(__file__).resolve().parent.parent / "assets"
+    """The installation's assets folder (see :func:`runtime.assets.assets_dir`).
+
+    Where there is none, the checkout's place for it: the studio then lists no demos.
+    """
+    try:
+        return runtime_assets_dir()
+    except AssetsNotFound:
+        return Path(__file__).resolve().parent.parent / "assets"
+
+
+def icon_path() -> Path | None:
+    """The application icon, if this installation has it."""
+    path = assets_dir() / ICON
+    return path if path.is_file() else None
 
 
 def _rank(path: Path) -> tuple[int, str]:

@@ -101,9 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return EXIT_USAGE
 
+    from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication
 
-    from app.demos import default_demo
+    from app.demos import default_demo, icon_path
     from app.settings import StudioSettings
     from app.theme import follow_system_scheme
     from app.window import MainWindow
@@ -111,6 +112,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Omni Edge Studio")
     app.setOrganizationName("omni-edge-studio")
+    icon = icon_path()
+    if icon is not None:
+        QApplication.setWindowIcon(QIcon(str(icon)))
     follow_system_scheme(app)  # type: ignore[arg-type]
     settings = StudioSettings()
     window = MainWindow(settings=settings)

@@ -13,7 +13,14 @@ from tests.helpers.distributions import CONSTRAINTS, REPO, WHEELHOUSE, run
 
 #: What a wheel build of the project needs from the checkout (assets/bundles is built anew).
 PROJECT_FILES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md")
-PROJECT_TREES = ("runtime", "workers", "app", "assets/pipelines", "assets/topologies")
+PROJECT_TREES = (
+    "runtime",
+    "workers",
+    "app",
+    "assets/pipelines",
+    "assets/topologies",
+    "assets/icon",
+)
 
 
 @pytest.fixture(scope="session")

@@ -123,6 +123,9 @@ def test_the_archive_unpacks_to_the_application_with_its_desktop_entry_and_icons
     assert os.access(unpacked / "install-desktop-entry.sh", os.X_OK)
     for icon in ("omni-edge-studio.png", "omni-edge-studio.svg"):
         assert (unpacked / icon).read_bytes() == (REPO / "assets" / "icon" / icon).read_bytes()
+    # The window icon the studio sets, inside the application's assets.
+    shipped_icon = internal / "assets" / "icon" / "omni-edge-studio.png"
+    assert shipped_icon.read_bytes() == (REPO / "assets/icon/omni-edge-studio.png").read_bytes()
 
     entry = configparser.ConfigParser(interpolation=None)
     entry.optionxform = str  # type: ignore[assignment,method-assign]

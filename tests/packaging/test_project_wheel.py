@@ -98,6 +98,7 @@ def test_the_wheel_carries_the_demo_assets_and_their_bundles(project_wheel: Path
         assert f"runtime/_assets/pipelines/{pipeline.name}" in names
     for topology in (REPO / "assets" / "topologies").glob("*.yaml"):
         assert f"runtime/_assets/topologies/{topology.name}" in names
+    assert "runtime/_assets/icon/omni-edge-studio.png" in names
     for member in ("add/manifest.json", "add/add.onnx", "mlp-stage0/weights.bin"):
         assert f"runtime/_assets/bundles/{member}" in names
     assert "runtime/contracts/conformance/v1.json" in names
