@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,12 @@ import psutil
 import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+# A shell starting the suite in the background ignores SIGINT, and child processes would
+# inherit that: the Ctrl+C tests then signal CLIs that cannot hear it. A handler (unlike an
+# ignored signal) is reset to the default in every program this process starts.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 SHM_DIR = Path("/dev/shm")
 GRACE_S = 3.0
