@@ -17,14 +17,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from runtime.artifacts import VerifiedBundle, load_example_inputs
 from runtime.backends.base import CallResult, StageRecord, TensorSpec
 from runtime.backends.placement import PlacementReport, gate_placement
-from runtime.backends.retirement import settle_reservation
+from runtime.backends.worker_client import WorkerStageClient, worker_launch_spec
 from runtime.config import GraphBackendConfig
 from runtime.contracts import FrameLimits, RequestKey
 from runtime.contracts.buffers import DescriptorError
@@ -37,10 +37,8 @@ from runtime.contracts.messages import (
     LoadMessage,
     ReadyMessage,
     ResultMessage,
-    ShutdownMessage,
     decode_message,
 )
-from runtime.engine.events import EventBus, WorkerRetired
 from runtime.errors import (
     ConfigError,
     ExecutionError,
@@ -51,37 +49,19 @@ from runtime.errors import (
     ResourceUnavailable,
     UsageError,
     VerificationError,
-    WorkerDied,
 )
-from runtime.host import (
-    LaunchSpec,
-    RetireOutcome,
-    WorkerProcess,
-    current_os_domain,
-    default_project_root,
-    is_frozen,
-    resolve_interpreter,
-    spawn_worker,
-    worker_argv,
-    worker_environment,
-)
-from runtime.transport.channel import (
-    ChannelClosed,
-    FramedChannel,
-    ProtocolError,
-    frame_acks,
-    start_reader_thread,
-)
-from runtime.transport.handshake import expect_hello
+from runtime.host import current_os_domain, spawn_worker
+from runtime.transport.channel import ChannelClosed, ProtocolError, frame_acks
 from runtime.transport.shm import new_prefix, sweep_segments
 
 if TYPE_CHECKING:
-    import threading
     from collections.abc import Mapping
 
     from runtime.config import StageConfig
     from runtime.contracts.codec import Frame
     from runtime.contracts.messages import Message
+    from runtime.engine.events import EventBus
+    from runtime.host import LaunchSpec, RetireOutcome
     from runtime.ledger import ResourceLedger, StageReservation
 
 log = logging.getLogger("omni.backends.graph")
@@ -105,8 +85,12 @@ class StageRetired(ExecutionError):
     """The stage's worker was retired; recreate the pipeline to use this stage again."""
 
 
-class GraphStageClient:
+class GraphStageClient(WorkerStageClient[ReadyMessage]):
     """The engine's client for one ``external.graph.v1`` stage."""
+
+    _CLOSE_REASON = "pipeline closed"
+    # Only the reader thread (started after the hello) can deliver the worker's bye.
+    _BYE_NEEDS_READER = True
 
     def __init__(
         self,
@@ -122,44 +106,21 @@ class GraphStageClient:
         backend = stage.backend
         if not isinstance(backend, GraphBackendConfig):
             raise UsageError(f"{stage.name} is a {backend.name} stage, not a graph stage")
-        self.name = stage.name
+        super().__init__(stage.name, ledger, reservation, generation, events)
         self.stage = stage
         self.route = backend.route
         self.bundle = bundle
-        self.generation = generation
-        self.timeouts = timeouts or GraphTimeouts()
-        self._ledger = ledger
-        self._reservation: StageReservation | None = reservation
-        self._late_exit_watch: threading.Thread | None = None
-        self._events = events
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._worker: WorkerProcess | None = None
-        self._channel: FramedChannel | None = None
+        self.timeouts: GraphTimeouts = timeouts or GraphTimeouts()
         self._shm_prefix: str | None = None
-        self._tmpdir: Path | None = None
-        self._ready: ReadyMessage | None = None
         self._placement: PlacementReport | None = None
         self._inputs: tuple[TensorSpec, ...] = ()
         self._outputs: tuple[TensorSpec, ...] = ()
         self._call_id = 0
         self._pending: dict[int, tuple[RequestKey, asyncio.Future[Any]]] = {}
-        self._load_future: asyncio.Future[Any] | None = None
-        self._bye: asyncio.Future[None] | None = None
         self._slot: RequestKey | None = None
         self._running = False
-        self._failure: OmniError | None = None
-        self._retire_task: asyncio.Task[RetireOutcome | None] | None = None
-        self._closed = False
 
     # -- state -----------------------------------------------------------------------
-
-    @property
-    def usable(self) -> bool:
-        return self._failure is None and not self._closed and self._ready is not None
-
-    @property
-    def failure(self) -> OmniError | None:
-        return self._failure
 
     @property
     def inputs(self) -> tuple[TensorSpec, ...]:
@@ -168,10 +129,6 @@ class GraphStageClient:
     @property
     def outputs(self) -> tuple[TensorSpec, ...]:
         return self._outputs
-
-    @property
-    def pid(self) -> int | None:
-        return None if self._worker is None else self._worker.pid
 
     @property
     def slot(self) -> RequestKey | None:
@@ -184,18 +141,8 @@ class GraphStageClient:
     # -- start -----------------------------------------------------------------------
 
     def _launch_spec(self) -> LaunchSpec:
-        frozen = is_frozen()
-        interpreter = resolve_interpreter(
-            self.route.interpreter, frozen=frozen, os_domain=self.route.os_domain
-        )
-        argv = worker_argv(interpreter, self.route.worker, frozen=frozen)
-        extra = dict(self.route.env)
-        if self._tmpdir is not None:
-            extra.update(_temp_variables(self._tmpdir, self.route.os_domain))
-        env = worker_environment(
-            extra, generation=self.generation, project_root=default_project_root()
-        )
-        return LaunchSpec(argv=argv, env=env, cwd=None, os_domain=self.route.os_domain)
+        extra = {} if self._tmpdir is None else _temp_variables(self._tmpdir, self.route.os_domain)
+        return worker_launch_spec(self.route, generation=self.generation, extra_env=extra)
 
     async def start(self) -> StageRecord:
         """Spawn, handshake, load, warm up and pass the placement gate."""
@@ -204,34 +151,13 @@ class GraphStageClient:
         if same_domain:
             # Whatever the worker or its libraries leave in TMPDIR goes when it is retired.
             self._tmpdir = Path(tempfile.mkdtemp(prefix=f"oe-graph-{self.generation}-"))
-        self._worker = spawn_worker(self._launch_spec(), f"{self.name}-g{self.generation}")
+        worker = self._spawn(self._launch_spec(), spawn_worker)
         if same_domain:
             self._shm_prefix = new_prefix(os.getpid(), self.generation)
         # Room for the largest call (inputs plus outputs) and its header.
         limits = FrameLimits(max_total_bytes=max(self.route.max_io_bytes, 1 << 20) + (2 << 20))
-        self._channel = FramedChannel(
-            cast("BinaryIO", self._worker.stdout),
-            cast("BinaryIO", self._worker.stdin),
-            name=self.name,
-            limits=limits,
-            shm_prefix=self._shm_prefix,
-            same_domain=same_domain,
-        )
-        channel, worker = self._channel, self._worker
-        try:
-            await self._loop.run_in_executor(
-                None,
-                lambda: expect_hello(
-                    channel,
-                    expected_generation=self.generation,
-                    expected_pid=worker.pid,
-                    timeout_s=self.timeouts.hello_s,
-                ),
-            )
-        except ChannelClosed as exc:
-            raise self._died("exited before its handshake") from exc
-        self._load_future = self._loop.create_future()
-        start_reader_thread(channel, self._on_frame_thread, self._on_closed_thread)
+        self._open_channel(worker, limits, shm_prefix=self._shm_prefix, same_domain=same_domain)
+        channel = await self._handshake()
         target = self.route.target_provider
         providers = (target, *(p for p in self.route.allowed_providers if p != target))
         load = LoadMessage(
@@ -245,6 +171,7 @@ class GraphStageClient:
             shm_prefix=self._shm_prefix,
         )
         channel.send_message(load, owner=self.name, generation=self.generation)
+        assert self._load_future is not None
         try:
             message = await asyncio.wait_for(self._load_future, self.timeouts.load_s)
         except TimeoutError:
@@ -274,7 +201,6 @@ class GraphStageClient:
     def record(self) -> StageRecord:
         """This stage's entry of ``execution_plan`` (labelled B: backend execution)."""
         ready = self._ready
-        reservation = self._reservation
         detail: dict[str, Any] = {
             "label": "B",
             "manifest": {
@@ -282,11 +208,7 @@ class GraphStageClient:
                 "identity": self.bundle.identity,
                 "component": self.bundle.manifest.component,
             },
-            "worker": {
-                "pid": self.pid,
-                "generation": self.generation,
-                "argv": [] if self._worker is None else list(self._launch_spec().argv),
-            },
+            "worker": self._worker_detail(self._launch_spec),
             "route": {
                 "name": self.route.name,
                 "interpreter": self.route.interpreter,
@@ -297,9 +219,7 @@ class GraphStageClient:
                 "min_fraction_on_target": self.route.min_fraction_on_target,
                 "allowed_providers": list(self.route.allowed_providers),
             },
-            "reservation": None
-            if reservation is None
-            else {"id": reservation.id, "amounts": dict(reservation.amounts)},
+            "reservation": self._reservation_detail(),
             "placement": None if self._placement is None else self._placement.to_json(),
             "inputs": [spec.to_json() for spec in self._inputs],
             "outputs": [spec.to_json() for spec in self._outputs],
@@ -342,15 +262,9 @@ class GraphStageClient:
             return
         self._loop.call_soon_threadsafe(self._on_message, message, arrays, frame)
 
-    def _on_closed_thread(self, error: BaseException | None) -> None:
-        if self._loop is None or self._loop.is_closed():
-            return
-        self._loop.call_soon_threadsafe(self._on_closed, error)
-
     def _on_message(self, message: Message, arrays: dict[str, np.ndarray], frame: Frame) -> None:
         if isinstance(message, ReadyMessage):
-            if self._load_future is not None and not self._load_future.done():
-                self._load_future.set_result(message)
+            self._on_ready(message)
             return
         if isinstance(message, ResultMessage):
             entry = self._pending.get(message.call_id)
@@ -378,8 +292,7 @@ class GraphStageClient:
             self._on_error(message)
             return
         if isinstance(message, ByeMessage):
-            if self._bye is not None and not self._bye.done():
-                self._bye.set_result(None)
+            self._on_bye()
             return
         if message.KIND == "ack":
             assert self._channel is not None
@@ -395,10 +308,7 @@ class GraphStageClient:
                 message,
                 cpu_allowed="CPUExecutionProvider" in self.route.allowed_providers,
             )
-            if self._load_future is not None and not self._load_future.done():
-                self._load_future.set_exception(error)
-            if message.fatal:
-                self._fail(error)
+            self._on_worker_error(error, fatal=message.fatal)
             return
         entry = self._pending.pop(message.call_id, None)
         if entry is None:
@@ -411,37 +321,14 @@ class GraphStageClient:
         else:
             future.set_exception(ModelError(f"{self.name}: {message.code}: {message.message}"))
 
-    def _on_closed(self, error: BaseException | None) -> None:
-        if self._closed and error is None:
-            return
-        if isinstance(error, ProtocolError):
-            self._fail(error)
-        else:
-            self._fail(self._died("closed its output stream"))
+    def _log_failure(self, error: OmniError) -> None:
+        log.warning("%s: %s", self.name, error)
 
-    def _died(self, what: str) -> WorkerDied:
-        worker = self._worker
-        code = None if worker is None else worker.wait_exit(0.5)
-        tail = () if worker is None else worker.stderr_tail()[-5:]
-        exit_text = "is still running" if code is None else f"exit code {code}"
-        last = f"; last log lines: {' | '.join(tail)}" if tail else ""
-        pid = None if worker is None else worker.pid
-        return WorkerDied(f"{self.name}: worker pid {pid} {what} ({exit_text}){last}")
-
-    def _fail(self, error: OmniError) -> None:
-        """The worker is unusable: fail everything waiting on it and retire it."""
-        if self._failure is None:
-            self._failure = error
-            log.warning("%s: %s", self.name, error)
+    def _fail_waiting(self, error: OmniError) -> None:
         for _, future in self._pending.values():
             if not future.done():
                 future.set_exception(error)
         self._pending.clear()
-        if self._load_future is not None and not self._load_future.done():
-            self._load_future.set_exception(error)
-        if self._bye is not None and not self._bye.done():
-            self._bye.set_result(None)
-        self._schedule_retire(str(error), self.timeouts.retire_s)
 
     # -- calls -----------------------------------------------------------------------
 
@@ -539,37 +426,11 @@ class GraphStageClient:
 
     # -- retirement ------------------------------------------------------------------
 
-    def _schedule_retire(self, reason: str, deadline_s: float) -> None:
-        if self._retire_task is None and self._loop is not None:
-            self._retire_task = self._loop.create_task(self._retire_once(reason, deadline_s))
-
-    async def _retire(self, reason: str, deadline_s: float) -> RetireOutcome | None:
-        self._schedule_retire(reason, deadline_s)
-        assert self._retire_task is not None
-        return await asyncio.shield(self._retire_task)
-
-    async def _retire_once(self, reason: str, deadline_s: float) -> RetireOutcome | None:
-        worker = self._worker
-        outcome: RetireOutcome | None = None
-        if worker is not None:
-            loop = asyncio.get_running_loop()
-            outcome = await loop.run_in_executor(None, worker.retire, deadline_s)
-        if self._channel is not None:
-            self._channel.close()
+    async def _after_retire(self, outcome: RetireOutcome | None) -> None:
         if self._shm_prefix is not None:
             sweep_segments(self._shm_prefix)
         self._remove_tmpdir(outcome)
         self._settle_reservation(outcome)
-        if outcome is not None and self._events is not None:
-            self._events.publish(
-                WorkerRetired(
-                    stage=self.name,
-                    pid=outcome.pid,
-                    reason=reason,
-                    confirmed_gone=outcome.confirmed_gone,
-                )
-            )
-        return outcome
 
     def _remove_tmpdir(self, outcome: RetireOutcome | None) -> None:
         tmpdir = self._tmpdir
@@ -584,7 +445,6 @@ class GraphStageClient:
         shutil.rmtree(tmpdir, ignore_errors=True)
 
     def _settle_reservation(self, outcome: RetireOutcome | None) -> None:
-        reservation, self._reservation = self._reservation, None
         tmpdir, prefix = self._tmpdir, self._shm_prefix
 
         def cleanup() -> None:
@@ -593,44 +453,17 @@ class GraphStageClient:
             if tmpdir is not None:
                 shutil.rmtree(tmpdir, ignore_errors=True)
 
-        self._late_exit_watch = settle_reservation(
-            self._ledger,
-            reservation,
+        self._settle(
             None if outcome is None else outcome.quarantine_reason,
-            stage=self.name,
-            survivors=() if outcome is None else outcome.survivor_identities,
-            cleanup=cleanup,
+            () if outcome is None else outcome.survivor_identities,
+            cleanup,
         )
 
-    @property
-    def late_exit_watch(self) -> threading.Thread | None:
-        """The watcher releasing a quarantine once a retired tree's survivors exit, if any."""
-        return self._late_exit_watch
-
-    async def close(self) -> None:
-        """Shut the worker down (sentinel, then bounded retirement) and settle the ledger."""
-        if self._closed:
-            if self._retire_task is not None:
-                await asyncio.shield(self._retire_task)
-            return
-        self._closed = True
+    def _close_waiting(self) -> None:
         for _, future in self._pending.values():
             if not future.done():
                 future.set_exception(StageRetired(f"{self.name} was closed"))
         self._pending.clear()
-        channel = self._channel
-        # Only the reader thread (started after the hello) can deliver the worker's bye.
-        reading = self._load_future is not None
-        if self._failure is None and channel is not None and self._loop is not None and reading:
-            self._bye = self._loop.create_future()
-            try:
-                channel.send_message(ShutdownMessage(), owner=self.name)
-                await asyncio.wait_for(self._bye, self.timeouts.shutdown_s)
-            except (ExecutionError, TimeoutError):
-                pass
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
-        await self._retire("pipeline closed", self.timeouts.retire_s)
 
 
 #: Worker error codes that mean the bundle failed verification in the worker.

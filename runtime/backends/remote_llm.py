@@ -42,12 +42,13 @@ import os
 import ssl
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import SplitResult, urlsplit
 
 from runtime.backends.base import StageRecord
+from runtime.backends.llm import RequestDeltaStream, check_admission
 from runtime.backends.vllm_client import Delta, StageRetired
 from runtime.errors import (
     ConfigError,
@@ -704,38 +705,15 @@ class _Request:
         self.stop: OmniError | None = None
 
 
-class RemoteDeltaStream(AsyncIterator[Delta]):
+class RemoteDeltaStream(RequestDeltaStream["RemoteLlmStageClient", _Request]):
     """The deltas of one remote request, in order. Closing it early aborts the request."""
 
-    def __init__(self, client: RemoteLlmStageClient, request: _Request) -> None:
-        self._client = client
-        self._request = request
-        self._ended = False
-
-    @property
-    def key(self) -> RequestKey:
-        return self._request.key
-
-    def __aiter__(self) -> RemoteDeltaStream:
-        return self
-
-    async def __anext__(self) -> Delta:
-        if self._ended:
-            raise StopAsyncIteration
+    async def _next(self) -> Delta:
         try:
-            delta = await self._client._next_delta(self._request)
+            return await self._client._next_delta(self._request)
         except BaseException:
             self._ended = True
             raise
-        if delta.finished:
-            self._ended = True
-        return delta
-
-    async def aclose(self) -> None:
-        """Abort the request if it has not finished; idempotent."""
-        if not self._ended:
-            self._ended = True
-            await self._client.abort(self._request.key)
 
 
 class RemoteLlmStageClient:
@@ -912,15 +890,7 @@ class RemoteLlmStageClient:
         the request (an HTTP error status, e.g. 400 for sampling it does not accept).
         """
         self._check_usable()
-        if key.request_id in self._requests:
-            raise ResourceUnavailable(
-                f"{self.name}: request {key.request_id} is already in flight; abort it first"
-            )
-        if len(self._requests) >= self.max_num_seqs:
-            raise ResourceUnavailable(
-                f"{self.name}: {len(self._requests)} requests are in flight, the most "
-                f"max_in_flight = {self.max_num_seqs} allows; wait for one to finish or abort it"
-            )
+        check_admission(self.name, key, self._requests, self.max_num_seqs, "max_in_flight")
         body = completion_body(self.endpoint.model, prompt, sampling)
         request = _Request(key)
         self._requests[key.request_id] = request

@@ -27,16 +27,16 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, BinaryIO, Final, cast
+from typing import TYPE_CHECKING, Any, Final
 
 import psutil
 
 from runtime.backends.base import StageRecord
-from runtime.backends.retirement import settle_reservation
+from runtime.backends.llm import RequestDeltaStream, check_admission
+from runtime.backends.worker_client import WorkerStageClient, worker_launch_spec
 from runtime.contracts import FrameLimits, RequestKey
 from runtime.contracts.llm_messages import (
     LLM_WORKER_TO_CONTROLLER,
@@ -52,8 +52,7 @@ from runtime.contracts.llm_messages import (
     StatsMessage,
     decode_llm_message,
 )
-from runtime.contracts.messages import ByeMessage, MessageError, ShutdownMessage
-from runtime.engine.events import EventBus, WorkerRetired
+from runtime.contracts.messages import ByeMessage, MessageError
 from runtime.envs.manager import envs_root
 from runtime.errors import (
     ConfigError,
@@ -65,32 +64,16 @@ from runtime.errors import (
     UsageError,
     WorkerDied,
 )
-from runtime.host import (
-    LaunchSpec,
-    ProcessIdentity,
-    RetireOutcome,
-    WorkerProcess,
-    default_project_root,
-    is_frozen,
-    resolve_interpreter,
-    spawn_worker,
-    wait_processes_gone,
-    worker_argv,
-    worker_environment,
-)
-from runtime.transport.channel import (
-    ChannelClosed,
-    FramedChannel,
-    ProtocolError,
-    start_reader_thread,
-)
-from runtime.transport.handshake import expect_hello
+from runtime.host import ProcessIdentity, spawn_worker, wait_processes_gone
+from runtime.transport.channel import ChannelClosed, ProtocolError
 
 if TYPE_CHECKING:
-    import threading
+    from collections.abc import Mapping, Sequence
 
     from runtime.contracts.codec import Frame
     from runtime.contracts.messages import Message
+    from runtime.engine.events import EventBus
+    from runtime.host import LaunchSpec, RetireOutcome, WorkerProcess
     from runtime.ledger import ResourceLedger, StageReservation
 
 log = logging.getLogger("omni.backends.vllm")
@@ -248,24 +231,10 @@ class _Request:
         self.count = 0
 
 
-class DeltaStream(AsyncIterator[Delta]):
+class DeltaStream(RequestDeltaStream["VllmStageClient", _Request]):
     """The deltas of one request, in order. Closing it early aborts the request."""
 
-    def __init__(self, client: VllmStageClient, request: _Request) -> None:
-        self._client = client
-        self._request = request
-        self._ended = False
-
-    @property
-    def key(self) -> RequestKey:
-        return self._request.key
-
-    def __aiter__(self) -> DeltaStream:
-        return self
-
-    async def __anext__(self) -> Delta:
-        if self._ended:
-            raise StopAsyncIteration
+    async def _next(self) -> Delta:
         if self._request.aborted:
             # The abort fences the request: deltas that arrived before it are not delivered.
             self._ended = True
@@ -276,18 +245,10 @@ class DeltaStream(AsyncIterator[Delta]):
         if isinstance(item, BaseException):
             self._ended = True
             raise item
-        if item.finished:
-            self._ended = True
         return item
 
-    async def aclose(self) -> None:
-        """Abort the request if it has not finished; idempotent."""
-        if not self._ended:
-            self._ended = True
-            await self._client.abort(self._request.key)
 
-
-class VllmStageClient:
+class VllmStageClient(WorkerStageClient[LlmReadyMessage]):
     """The engine's client for one ``native.vllm.v1`` stage."""
 
     def __init__(
@@ -301,47 +262,20 @@ class VllmStageClient:
         timeouts: VllmTimeouts | None = None,
         env_dir: Path | None = None,
     ) -> None:
-        self.name = spec.name
+        super().__init__(spec.name, ledger, reservation, generation, events)
         self.spec = spec
         self.route = spec.route
-        self.generation = generation
-        self.timeouts = timeouts or VllmTimeouts()
+        self.timeouts: VllmTimeouts = timeouts or VllmTimeouts()
         self._env_dir = env_dir
-        self._ledger = ledger
-        self._reservation: StageReservation | None = reservation
-        self._events = events
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._worker: WorkerProcess | None = None
-        self._channel: FramedChannel | None = None
-        self._ready: LlmReadyMessage | None = None
-        self._load_future: asyncio.Future[LlmReadyMessage] | None = None
         self._stats_waiters: deque[asyncio.Future[LlmStatsMessage]] = deque()
         self._requests: dict[str, _Request] = {}
-        self._bye: asyncio.Future[None] | None = None
-        self._failure: OmniError | None = None
-        self._retire_task: asyncio.Task[RetireOutcome | None] | None = None
-        self._closed = False
-        # The worker's private temporary directory and the shared memory its tree mapped:
-        # both are removed after retirement, since a killed vLLM cannot remove them itself.
-        self._tmpdir: Path | None = None
+        # The worker's private temporary directory (``_tmpdir``) and the shared memory its
+        # tree mapped are removed after retirement, since a killed vLLM cannot remove them.
         self._shm_paths: set[str] = set()
         # Every process seen in the worker's tree: vLLM's survive the worker being killed.
         self._members: dict[int, psutil.Process] = {}
-        self._late_exit_watch: threading.Thread | None = None
 
     # -- state -----------------------------------------------------------------------
-
-    @property
-    def usable(self) -> bool:
-        return self._failure is None and not self._closed and self._ready is not None
-
-    @property
-    def failure(self) -> OmniError | None:
-        return self._failure
-
-    @property
-    def pid(self) -> int | None:
-        return None if self._worker is None else self._worker.pid
 
     @property
     def worker(self) -> WorkerProcess | None:
@@ -376,21 +310,12 @@ class VllmStageClient:
         ``TMPDIR`` is the worker's private temporary directory once :meth:`start` made it
         (vLLM puts its IPC sockets and rendezvous files there).
         """
-        frozen = is_frozen()
-        interpreter = resolve_interpreter(
-            self.route.interpreter,
-            frozen=frozen,
+        return worker_launch_spec(
+            self.route,
+            generation=self.generation,
+            extra_env={} if self._tmpdir is None else {"TMPDIR": str(self._tmpdir)},
             env_dir=envs_root() if self._env_dir is None else self._env_dir,
-            os_domain=self.route.os_domain,
         )
-        argv = worker_argv(interpreter, self.route.worker, frozen=frozen)
-        extra = dict(self.route.env)
-        if self._tmpdir is not None:
-            extra["TMPDIR"] = str(self._tmpdir)
-        env = worker_environment(
-            extra, generation=self.generation, project_root=default_project_root()
-        )
-        return LaunchSpec(argv=argv, env=env, cwd=None, os_domain=self.route.os_domain)
 
     async def start(self) -> StageRecord:
         """Spawn, handshake and build the engine; the record says what was built."""
@@ -400,32 +325,13 @@ class VllmStageClient:
         # Resolved once before anything exists, so a bad route leaves nothing to clean up.
         self.launch_spec()
         self._tmpdir = _private_tmpdir()
-        spec = self.launch_spec()
-        self._worker = spawn_worker(spec, f"{self.name}-g{self.generation}")
-        self._channel = FramedChannel(
-            cast("BinaryIO", self._worker.stdout),
-            cast("BinaryIO", self._worker.stdin),
-            name=self.name,
-            limits=FrameLimits(),
-        )
-        channel, worker = self._channel, self._worker
-        try:
-            await self._loop.run_in_executor(
-                None,
-                lambda: expect_hello(
-                    channel,
-                    expected_generation=self.generation,
-                    expected_pid=worker.pid,
-                    timeout_s=self.timeouts.hello_s,
-                ),
-            )
-        except ChannelClosed as exc:
-            raise self._died("exited before its handshake") from exc
-        self._load_future = self._loop.create_future()
-        start_reader_thread(channel, self._on_frame_thread, self._on_closed_thread)
+        worker = self._spawn(self.launch_spec(), spawn_worker)
+        self._open_channel(worker, FrameLimits())
+        channel = await self._handshake()
         channel.send_message(
             LlmLoadMessage(model_dir=str(self.spec.model_dir), engine_args=self.spec.engine_args)
         )
+        assert self._load_future is not None
         try:
             ready = await asyncio.wait_for(self._load_future, self.timeouts.load_s)
         except TimeoutError:
@@ -439,24 +345,17 @@ class VllmStageClient:
     def record(self) -> StageRecord:
         """This stage's entry of ``execution_plan``."""
         ready = self._ready
-        reservation = self._reservation
         detail: dict[str, Any] = {
             "label": "B",
             "model_dir": str(self.spec.model_dir),
             "engine_args": self.spec.engine_args.to_wire(),
-            "worker": {
-                "pid": self.pid,
-                "generation": self.generation,
-                "argv": [] if self._worker is None else list(self.launch_spec().argv),
-            },
+            "worker": self._worker_detail(self.launch_spec),
             "route": {
                 "interpreter": self.route.interpreter,
                 "worker": self.route.worker,
                 "os_domain": self.route.os_domain,
             },
-            "reservation": None
-            if reservation is None
-            else {"id": reservation.id, "amounts": dict(reservation.amounts)},
+            "reservation": self._reservation_detail(),
             "vllm_version": None if ready is None else ready.vllm_version,
             "device": None if ready is None else ready.device,
             "max_num_seqs": None if ready is None else ready.max_num_seqs,
@@ -484,17 +383,11 @@ class VllmStageClient:
         received = time.monotonic()
         loop.call_soon_threadsafe(self._on_message, message, received)
 
-    def _on_closed_thread(self, error: BaseException | None) -> None:
-        if self._loop is None or self._loop.is_closed():
-            return
-        self._loop.call_soon_threadsafe(self._on_closed, error)
-
     def _on_message(self, message: Message, received: float) -> None:
         if isinstance(message, DeltaMessage):
             self._on_delta(message, received)
         elif isinstance(message, LlmReadyMessage):
-            if self._load_future is not None and not self._load_future.done():
-                self._load_future.set_result(message)
+            self._on_ready(message)
         elif isinstance(message, LlmStatsMessage):
             while self._stats_waiters:
                 waiter = self._stats_waiters.popleft()
@@ -504,8 +397,7 @@ class VllmStageClient:
         elif isinstance(message, LlmErrorMessage):
             self._on_error(message)
         elif isinstance(message, ByeMessage):
-            if self._bye is not None and not self._bye.done():
-                self._bye.set_result(None)
+            self._on_bye()
         else:
             self._fail(
                 ProtocolError(
@@ -555,10 +447,7 @@ class VllmStageClient:
             )
             if message.code == "engine_died":
                 error = WorkerDied(f"{self.name}: {message.message}")
-            if self._load_future is not None and not self._load_future.done():
-                self._load_future.set_exception(error)
-            if message.fatal:
-                self._fail(error)
+            self._on_worker_error(error, fatal=message.fatal)
             return
         request = self._requests.get(message.request_id)
         if request is None or request.key.epoch != message.epoch:
@@ -571,40 +460,17 @@ class VllmStageClient:
         )
         request.queue.put_nowait(failure)
 
-    def _on_closed(self, error: BaseException | None) -> None:
-        if self._closed and error is None:
-            return
-        if isinstance(error, ProtocolError):
-            self._fail(error)
-        else:
-            self._fail(self._died("closed its output stream"))
+    def _log_failure(self, error: OmniError) -> None:
+        log.warning("%s", error)
 
-    def _died(self, what: str) -> WorkerDied:
-        worker = self._worker
-        code = None if worker is None else worker.wait_exit(0.5)
-        tail = () if worker is None else worker.stderr_tail()[-5:]
-        exit_text = "is still running" if code is None else f"exit code {code}"
-        last = f"; last log lines: {' | '.join(tail)}" if tail else ""
-        pid = None if worker is None else worker.pid
-        return WorkerDied(f"{self.name}: worker pid {pid} {what} ({exit_text}){last}")
-
-    def _fail(self, error: OmniError) -> None:
-        """The worker is unusable: fail everything waiting on it and retire it."""
-        if self._failure is None:
-            self._failure = error
-            log.warning("%s", error)
+    def _fail_waiting(self, error: OmniError) -> None:
         for request in list(self._requests.values()):
             self._end(request)
             request.queue.put_nowait(error)
-        if self._load_future is not None and not self._load_future.done():
-            self._load_future.set_exception(error)
         while self._stats_waiters:
             waiter = self._stats_waiters.popleft()
             if not waiter.done():
                 waiter.set_exception(error)
-        if self._bye is not None and not self._bye.done():
-            self._bye.set_result(None)
-        self._schedule_retire(str(error), self.timeouts.retire_s)
 
     # -- requests --------------------------------------------------------------------
 
@@ -625,15 +491,7 @@ class VllmStageClient:
         ``max_num_seqs`` requests are in flight or ``key``'s request is already running.
         """
         self._check_usable()
-        if key.request_id in self._requests:
-            raise ResourceUnavailable(
-                f"{self.name}: request {key.request_id} is already in flight; abort it first"
-            )
-        if len(self._requests) >= self.max_num_seqs:
-            raise ResourceUnavailable(
-                f"{self.name}: {len(self._requests)} requests are in flight, the most "
-                f"max_num_seqs = {self.max_num_seqs} allows; wait for one to finish or abort it"
-            )
+        check_admission(self.name, key, self._requests, self.max_num_seqs, "max_num_seqs")
         if isinstance(prompt, str):
             message = GenerateMessage(key.request_id, key.epoch, prompt, None, sampling)
         else:
@@ -687,25 +545,11 @@ class VllmStageClient:
 
     # -- retirement ------------------------------------------------------------------
 
-    def _schedule_retire(self, reason: str, deadline_s: float) -> None:
-        if self._retire_task is None and self._loop is not None:
-            self._retire_task = self._loop.create_task(self._retire_once(reason, deadline_s))
+    def _before_retire(self, worker: WorkerProcess) -> None:
+        if worker.outcome is None:
+            self._observe_tree(worker.pid)
 
-    async def _retire(self, reason: str, deadline_s: float) -> RetireOutcome | None:
-        self._schedule_retire(reason, deadline_s)
-        assert self._retire_task is not None
-        return await asyncio.shield(self._retire_task)
-
-    async def _retire_once(self, reason: str, deadline_s: float) -> RetireOutcome | None:
-        worker = self._worker
-        outcome: RetireOutcome | None = None
-        if worker is not None:
-            loop = asyncio.get_running_loop()
-            if worker.outcome is None:
-                self._observe_tree(worker.pid)
-            outcome = await loop.run_in_executor(None, worker.retire, deadline_s)
-        if self._channel is not None:
-            self._channel.close()
+    async def _after_retire(self, outcome: RetireOutcome | None) -> None:
         stragglers: list[psutil.Process] = []
         if outcome is not None and outcome.confirmed_gone:
             members = [p for pid, p in self._members.items() if pid != outcome.pid]
@@ -715,16 +559,6 @@ class VllmStageClient:
         if outcome is None or (outcome.confirmed_gone and not stragglers):
             self._remove_leftovers()
         self._settle_reservation(outcome, stragglers)
-        if outcome is not None and self._events is not None:
-            self._events.publish(
-                WorkerRetired(
-                    stage=self.name,
-                    pid=outcome.pid,
-                    reason=reason,
-                    confirmed_gone=outcome.confirmed_gone,
-                )
-            )
-        return outcome
 
     def _remove_leftovers(self) -> None:
         """Delete the gone tree's shared memory and private temporary directory."""
@@ -745,7 +579,6 @@ class VllmStageClient:
     def _settle_reservation(
         self, outcome: RetireOutcome | None, stragglers: Sequence[psutil.Process] = ()
     ) -> None:
-        reservation, self._reservation = self._reservation, None
         why = None if outcome is None else outcome.quarantine_reason
         survivors = [] if outcome is None else list(outcome.survivor_identities)
         if why is None and stragglers:
@@ -757,48 +590,13 @@ class VllmStageClient:
         for process in stragglers:
             with contextlib.suppress(psutil.Error):
                 survivors.append(ProcessIdentity(process.pid, float(process.create_time())))
-        self._late_exit_watch = settle_reservation(
-            self._ledger,
-            reservation,
-            why,
-            stage=self.name,
-            survivors=survivors,
-            cleanup=self._remove_leftovers,
-        )
+        self._settle(why, survivors, self._remove_leftovers)
 
-    @property
-    def late_exit_watch(self) -> threading.Thread | None:
-        """The watcher releasing a quarantine once a retired tree's survivors exit, if any."""
-        return self._late_exit_watch
-
-    async def wait_retired(self) -> RetireOutcome | None:
-        """Wait for a retirement already under way (after a failure); None if none is."""
-        if self._retire_task is None:
-            return None
-        return await asyncio.shield(self._retire_task)
-
-    async def close(self) -> None:
-        """Shut the worker down (sentinel, then bounded retirement) and settle the ledger."""
-        if self._closed:
-            if self._retire_task is not None:
-                await asyncio.shield(self._retire_task)
-            return
-        self._closed = True
+    def _close_waiting(self) -> None:
         closed = StageRetired(f"{self.name} was closed")
         for request in list(self._requests.values()):
             self._end(request)
             request.queue.put_nowait(closed)
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
-        channel = self._channel
-        if self._failure is None and channel is not None:
-            self._bye = self._loop.create_future()
-            try:
-                channel.send_message(ShutdownMessage())
-                await asyncio.wait_for(self._bye, self.timeouts.shutdown_s)
-            except (ExecutionError, TimeoutError):
-                pass
-        await self._retire("stage closed", self.timeouts.retire_s)
 
 
 async def start_vllm_stage(
