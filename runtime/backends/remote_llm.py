@@ -985,6 +985,8 @@ class RemoteLlmStageClient:
                 await self._end(request)
                 if isinstance(error, RemoteConnectionLost | RemoteProtocolError):
                     self._fail(error)
+                else:
+                    log.warning("%s", error)
                 # Deltas decoded before the fault are delivered first, then the error.
                 request.stop = error
                 continue
