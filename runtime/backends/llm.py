@@ -11,6 +11,7 @@ request's slot, and :meth:`LlmStageClient.abort` frees it early. Both clients st
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Generic, Protocol, Self, TypeVar
 
@@ -93,8 +94,9 @@ class RequestDeltaStream(AsyncIterator["Delta"], Generic[ClientT, RequestT]):
     def __aiter__(self) -> Self:
         return self
 
+    @abstractmethod
     async def _next(self) -> Delta:
-        raise NotImplementedError
+        """The request's next delta."""
 
     async def __anext__(self) -> Delta:
         if self._ended:

@@ -10,6 +10,7 @@ A subclass says what waits on its worker and what its retired worker leaves to r
 from __future__ import annotations
 
 import asyncio
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Generic, Protocol, TypeVar, cast
 
 from runtime.backends.retirement import settle_reservation
@@ -98,7 +99,7 @@ def worker_launch_spec(
     return LaunchSpec(argv=argv, env=env, cwd=None, os_domain=route.os_domain)
 
 
-class WorkerStageClient(Generic[ReadyT]):
+class WorkerStageClient(ABC, Generic[ReadyT]):
     """A stage client owning one worker process, its framed channel and its reservation."""
 
     #: Why :meth:`close` retires the worker (the reason ``WorkerRetired`` carries).
@@ -135,28 +136,28 @@ class WorkerStageClient(Generic[ReadyT]):
 
     # -- what a subclass adds ----------------------------------------------------------
 
+    @abstractmethod
     def _log_failure(self, error: OmniError) -> None:
         """Log the failure that made the worker unusable (once)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _fail_waiting(self, error: OmniError) -> None:
         """Fail what waits on the worker besides its load and its bye."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _close_waiting(self) -> None:
         """Fail what waits on the worker because the stage is being closed."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _on_frame_thread(self, frame: Frame) -> None:
         """Reader thread: decode one frame and hop to the loop."""
-        raise NotImplementedError
 
     def _before_retire(self, worker: WorkerProcess) -> None:
         """Just before ``worker`` is retired (it may still be running)."""
 
+    @abstractmethod
     async def _after_retire(self, outcome: RetireOutcome | None) -> None:
         """Remove what the retired worker left and settle the reservation."""
-        raise NotImplementedError
 
     # -- state -----------------------------------------------------------------------
 
