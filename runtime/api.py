@@ -117,7 +117,8 @@ class Omni:
         final: dict[str, np.ndarray] = {}
         for output in self.generate(inputs):
             if output.finished:
-                final = dict(output.outputs)
+                # The outputs are valid until acknowledged: the caller keeps a copy.
+                final = output.kept_outputs()
         return final
 
     def cancel(self, request_id: str) -> bool:
@@ -189,7 +190,7 @@ class AsyncOmni:
         final: dict[str, np.ndarray] = {}
         async for output in self.generate(inputs):
             if output.finished:
-                final = dict(output.outputs)
+                final = output.kept_outputs()
         return final
 
     async def cancel(self, request_id: str) -> bool:

@@ -79,6 +79,7 @@ METHOD_PROFILING: Final = "profiling"
 _RECORD_ASSIGNMENT: Final = "session.record_ep_graph_assignment_info"
 _DISABLE_CPU_FALLBACK: Final = "session.disable_cpu_ep_fallback"
 _EXTERNAL_FOLDER: Final = "session.model_external_initializers_file_folder_path"
+_ALLOW_SPINNING: Final = "session.intra_op.allow_spinning"
 #: Most input buckets a bundle may list in ``metadata.buckets`` (each is warmed up at load).
 MAX_BUCKETS: Final = 16
 #: Every exception type the ONNX Runtime extension raises (they derive from Exception only).
@@ -92,6 +93,8 @@ _ORT_ERRORS: Final[tuple[type[Exception], ...]] = (
     ValueError,
     TypeError,
 )
+#: The same, for the worker that runs calls (public name).
+ORT_ERRORS: Final = _ORT_ERRORS
 
 #: An ONNX Runtime older than 1.24 has no assignment API at all.
 _PLACEMENT_ERRORS: Final[tuple[type[Exception], ...]] = (*_ORT_ERRORS, AttributeError)
@@ -343,6 +346,7 @@ def create_session(
     target_provider: str,
     *,
     intra_op_threads: int = 0,
+    allow_spinning: bool = True,
     profile_prefix: Path | None = None,
 ) -> ort.InferenceSession:
     """Create a session from the verified bytes, strictly on the route's providers.
@@ -370,6 +374,9 @@ def create_session(
         )
     options = ort.SessionOptions()
     options.intra_op_num_threads = intra_op_threads
+    if not allow_spinning:
+        # Idle intra-op threads sleep instead of spinning on cores other work needs.
+        options.add_session_config_entry(_ALLOW_SPINNING, "0")
     options.log_severity_level = 3
     if profile_prefix is None:
         options.add_session_config_entry(_RECORD_ASSIGNMENT, "1")

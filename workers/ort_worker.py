@@ -25,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -34,6 +35,8 @@ if __package__ in (None, ""):
     # in place of this folder, whose module names must not shadow top-level ones.
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
+import numpy as np
+import onnxruntime as ort
 import psutil
 
 from runtime.contracts.buffers import DescriptorError
@@ -45,11 +48,15 @@ from runtime.contracts.messages import (
     CancelMessage,
     ErrorMessage,
     LoadMessage,
+    MessageError,
     ReadyMessage,
     ResultMessage,
     ShutdownMessage,
+    decode_message,
 )
+from runtime.transport.arena import arena_size_for
 from runtime.transport.channel import (
+    ARENA_THRESHOLD,
     ChannelClosed,
     FramedChannel,
     ProtocolError,
@@ -61,14 +68,14 @@ from runtime.transport.shm import ShmError
 from workers import ort_session
 from workers.errors import WorkerError
 from workers.ort_session import (
+    ORT_ERRORS,
     Bucket,
-    CallOutcome,
-    CancellableRunner,
     bucket_shapes,
     check_call_inputs,
     create_session,
     load_verified_graph,
     placement_of,
+    spec_nbytes,
     warm_up_buckets,
 )
 
@@ -76,6 +83,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from runtime.contracts.codec import Frame
+    from runtime.contracts.messages import Message
+    from runtime.transport.arena import ArenaSlot, ShmArena
 
 WORKER_NAME: Final = "ort"
 #: Same value as runtime.host.launch.GENERATION_VARIABLE (not imported: the worker stays lean).
@@ -91,6 +100,10 @@ EXIT_OK: Final = 0
 EXIT_LOAD_FAILED: Final = 3
 EXIT_PROTOCOL: Final = 4
 EXIT_USAGE: Final = 2
+#: How often the watcher looks for a cancel while calls come (the cancel latency it adds).
+WATCH_INTERVAL_S: Final = 0.005
+#: How long without a call before the watcher parks until the next one.
+PARK_AFTER_S: Final = 1.0
 
 
 def _generation() -> int:
@@ -104,18 +117,35 @@ def _generation() -> int:
 
 
 class GraphWorker:
-    """One loaded graph served over one channel. Owns the call runner; the channel belongs to
-    the caller of :func:`run`."""
+    """One loaded graph served over one channel; the channel belongs to the caller of :func:`run`.
+
+    The thread that reads a call runs it (:meth:`serve`); while it runs, a watcher thread reads
+    what else arrives (cancel, acknowledgements, shutdown) and sets ONNX Runtime's
+    ``RunOptions.terminate`` for a cancel. Inputs are read in place from the controller's
+    arena; outputs of a fixed bucket are written by ONNX Runtime straight into this worker's
+    arena (I/O binding), other outputs are copied there once.
+    """
 
     def __init__(self, channel: FramedChannel, generation: int) -> None:
         self._channel = channel
         self._owner = f"ort-{generation}"
-        self._runner: CancellableRunner | None = None
+        self._session: ort.InferenceSession | None = None
+        self._arena: ShmArena | None = None
+        self._outputs_follow_inputs = False
         self._buckets: tuple[Bucket, ...] = ()
         self._max_io_bytes = 0
         self._output_names: tuple[str, ...] = ()
         self._lock = threading.Lock()
         self._running: CallMessage | None = None
+        self._options: ort.RunOptions | None = None
+        self._cancelled = False
+        self._wake = threading.Event()
+        self._parked = False
+        self._last_call_end = 0.0
+        self._stopping = False
+        self._shutdown_requested = False
+        self._pending: deque[Frame | ProtocolError] = deque()
+        self._watcher: threading.Thread | None = None
 
     # Loading.
 
@@ -135,6 +165,8 @@ class GraphWorker:
                 message.providers,
                 message.allowed_providers,
                 message.target_provider,
+                intra_op_threads=message.intra_op_threads,
+                allow_spinning=message.allow_spinning,
                 profile_prefix=profile_prefix,
             )
             loaded = time.perf_counter()
@@ -149,10 +181,19 @@ class GraphWorker:
                 f"most max_io_bytes = {message.max_io_bytes} (raise it in the route)",
             )
         bucket = buckets[0]
-        self._runner = CancellableRunner(session)
+        self._session = session
+        self._outputs_follow_inputs = outputs_follow_inputs(session)
         self._buckets = buckets
         self._max_io_bytes = message.max_io_bytes
         self._output_names = tuple(spec.name for spec in bucket.outputs)
+        # Room for the retained result plus the next call's outputs, in the largest bucket.
+        sizes = [spec_nbytes(spec) for spec in max(buckets, key=_output_bytes).outputs]
+        if any(size > ARENA_THRESHOLD for size in sizes):
+            try:
+                self._arena = self._channel.open_arena(self._owner, arena_size_for(sizes))
+            except ShmError as exc:
+                # Results then travel in single segments, as before arenas.
+                print(f"ort worker: no output arena: {exc}", file=sys.stderr)
         return ReadyMessage(
             placement=dict(placement.counts),
             total_nodes=placement.total,
@@ -162,94 +203,293 @@ class GraphWorker:
             load_s=loaded - started,
             warmup_s=warmed - loaded,
             rss_bytes=psutil.Process().memory_info().rss,
+            intra_op_threads=message.intra_op_threads,
+            allow_spinning=message.allow_spinning,
+            arena_bytes=0 if self._arena is None else self._arena.size,
+            max_input_bytes=max(one.input_nbytes for one in buckets),
         )
 
     # Serving.
 
     def serve(self) -> int:
         """Answer messages until ``shutdown`` or the controller closes the stream."""
+        self._watcher = threading.Thread(target=self._watch, name="ort-watch", daemon=True)
+        self._watcher.start()
         while True:
             try:
-                message, frame = self._channel.read_message(CONTROLLER_TO_WORKER)
+                item = self._channel.read_frame(pending=self._pending)
             except ChannelClosed:
                 return EXIT_OK
+            if isinstance(item, ProtocolError):
+                raise item
+            message = self._decode(item)
             if isinstance(message, CallMessage):
-                self._call(message, frame)
+                self._call(message, item)
+                if self._shutdown_requested:
+                    return self._bye()
             elif isinstance(message, CancelMessage):
-                self._cancel(message.call_id)
+                self._send_error(
+                    message.call_id, "cancelled", f"call {message.call_id} is not running"
+                )
             elif isinstance(message, AckMessage):
                 self._channel.acknowledge(message.owner, message.generation)
             elif isinstance(message, ShutdownMessage):
-                self.close()
-                self._channel.send_message(ByeMessage())
-                return EXIT_OK
+                return self._bye()
             else:
                 self._send_error(None, "unexpected_message", f"{message.KIND} after load")
 
-    def _call(self, message: CallMessage, frame: Frame) -> None:
-        assert self._runner is not None
-        assert self._buckets
+    def _decode(self, frame: Frame) -> Message:
         try:
-            arrays, acks = self._channel.arrays_from_frame(frame, message.input_names)
+            return decode_message(frame, CONTROLLER_TO_WORKER)
+        except MessageError as exc:
+            raise ProtocolError(
+                str(exc).removeprefix(f"{exc.code}: "), code=exc.code, channel=self._channel.name
+            ) from exc
+
+    def _bye(self) -> int:
+        self.close()
+        self._channel.send_message(ByeMessage())
+        return EXIT_OK
+
+    def _watch(self) -> None:
+        """While calls run: read and act on what arrives; hand anything else to serve().
+
+        The watcher looks every :data:`WATCH_INTERVAL_S` while calls come, so a call
+        shorter than that never wakes it; after :data:`PARK_AFTER_S` without a call it
+        parks until the next one starts."""
+        channel = self._channel
+        while not self._is_stopping():
+            if self._running is None:
+                if time.monotonic() - self._last_call_end > PARK_AFTER_S:
+                    self._parked = True
+                    if self._running is None:
+                        self._wake.wait(PARK_AFTER_S)
+                    self._wake.clear()
+                    self._parked = False
+                else:
+                    time.sleep(WATCH_INTERVAL_S)
+                continue
+            if not channel.wait_readable(0):
+                time.sleep(WATCH_INTERVAL_S)
+                continue
+            frame: Frame | None
+            try:
+                frame = channel.try_read_frame(lambda: self._running is not None)
+            except ChannelClosed:
+                self.cancel_running()
+                return
+            except ProtocolError as error:
+                self._pending.append(error)
+                self.cancel_running()
+                return
+            if frame is None:
+                # serve() reads now, or the call just ended.
+                time.sleep(WATCH_INTERVAL_S)
+                continue
+            try:
+                message = self._decode(frame)
+            except ProtocolError as error:
+                self._pending.append(error)
+                self.cancel_running()
+                return
+            if isinstance(message, CancelMessage):
+                with self._lock:
+                    running = self._running
+                if running is not None and running.call_id == message.call_id:
+                    self.cancel_running()
+                else:
+                    self._send_error(
+                        message.call_id, "cancelled", f"call {message.call_id} is not running"
+                    )
+            elif isinstance(message, AckMessage):
+                channel.acknowledge(message.owner, message.generation)
+            elif isinstance(message, ShutdownMessage):
+                self._shutdown_requested = True
+                self.cancel_running()
+            elif isinstance(message, CallMessage) and self._running is not None:
+                # One call at a time: refuse this one now, and free its input buffers.
+                self._send_error(
+                    message.call_id,
+                    "busy",
+                    f"call {self._running.call_id} is running; accepted: one call at a time",
+                    acks=frame_acks(frame),
+                )
+            else:
+                self._pending.append(frame)
+
+    def _is_stopping(self) -> bool:
+        return self._stopping
+
+    def cancel_running(self) -> bool:
+        """Terminate the running call between nodes; False when none runs."""
+        with self._lock:
+            if self._running is None or self._options is None:
+                return False
+            self._cancelled = True
+            self._options.terminate = True
+            return True
+
+    def _call(self, message: CallMessage, frame: Frame) -> None:
+        assert self._session is not None
+        try:
+            arrays, acks = self._channel.arrays_from_frame(frame, message.input_names, copy=False)
         except ProtocolError:
             self._channel.send_acks(frame_acks(frame))
             raise
-        # The inputs are our own copies now: the producer may release its buffers.
-        self._channel.send_acks(acks)
+        copied = sum(
+            int(array.nbytes)
+            for array, descriptor in zip(arrays.values(), frame.buffers, strict=True)
+            if not descriptor.inline and not descriptor.in_arena
+        )
         try:
-            check_call_inputs(arrays, self._buckets, self._max_io_bytes)
+            bucket = check_call_inputs(arrays, self._buckets, self._max_io_bytes)
+        except WorkerError as refused:
+            self._send_error(message.call_id, refused.code, refused.message, acks=acks)
+            return
+        placed = self._place_outputs(bucket)
+        options = ort.RunOptions()
+        # A failed or cancelled call is reported as a value; ORT need not log it too.
+        options.log_severity_level = 4
+        with self._lock:
+            self._running = message
+            self._options = options
+            self._cancelled = False
+        if self._parked:
+            self._wake.set()
+        started = time.perf_counter()
+        outputs: dict[str, np.ndarray] | None = None
+        failure: str | None = None
+        try:
+            outputs = self._run(arrays, placed, options)
+        except ORT_ERRORS as exc:
+            failure = f"ONNX Runtime failed the call: {exc}"
+        finally:
+            elapsed = time.perf_counter() - started
+            self._last_call_end = time.monotonic()
             with self._lock:
-                self._runner.submit(arrays, on_done=lambda outcome: self._finish(message, outcome))
-                self._running = message
-        except WorkerError as error:
-            self._send_error(message.call_id, error.code, error.message)
-
-    def _finish(self, message: CallMessage, outcome: CallOutcome) -> None:
-        with self._lock:
-            if self._running is message:
                 self._running = None
-        error = outcome.error
+                self._options = None
+                cancelled = self._cancelled
+        # The inputs were read in place: the controller may reuse their slots now.
+        del arrays
+        if outputs is None:
+            self._release_placed(placed)
+            if cancelled:
+                code, text = "cancelled", "the call was cancelled while it ran"
+            else:
+                code, text = "model_error", failure or "the call produced no outputs"
+            self._send_error(message.call_id, code, text, acks=acks)
+            return
+        if placed is None and self._arena is not None:
+            # Outputs ONNX Runtime allocated itself are copied once, into the arena.
+            copied += sum(
+                int(outputs[name].nbytes)
+                for name in self._output_names
+                if outputs[name].nbytes > ARENA_THRESHOLD
+            )
+        result = ResultMessage(
+            message.call_id,
+            message.request_id,
+            message.epoch,
+            self._output_names,
+            elapsed,
+            copied,
+        )
         try:
-            if error is None:
-                assert outcome.outputs is not None
-                outputs = {name: outcome.outputs[name] for name in self._output_names}
-                result = ResultMessage(
-                    message.call_id,
-                    message.request_id,
-                    message.epoch,
-                    self._output_names,
-                    outcome.elapsed_s,
-                )
-                try:
-                    self._channel.send_message(
-                        result, outputs, owner=self._owner, generation=message.call_id
-                    )
-                    return
-                except (ProtocolError, ShmError, DescriptorError) as exc:
-                    error = WorkerError("result_failed", f"the result cannot be sent: {exc}")
-            self._send_error(message.call_id, error.code, error.message)
-        except ChannelClosed:
-            # The controller is gone; the serve loop sees the same and exits.
-            return
+            self._channel.send_message(
+                result,
+                {name: outputs[name] for name in self._output_names},
+                owner=self._owner,
+                generation=message.call_id,
+                placed=None if placed is None else {n: slot for n, (slot, _) in placed.items()},
+                acks=acks,
+            )
+        except (ProtocolError, ShmError, DescriptorError) as exc:
+            self._release_placed(placed)
+            self._send_error(
+                message.call_id, "result_failed", f"the result cannot be sent: {exc}", acks=acks
+            )
 
-    def _cancel(self, call_id: int) -> None:
-        with self._lock:
-            running = self._running
-        if running is not None and running.call_id == call_id and self._runner is not None:
-            # The run's own completion answers with code "cancelled".
-            self._runner.cancel()
-            return
-        self._send_error(call_id, "cancelled", f"call {call_id} is not running")
+    def _place_outputs(self, bucket: Bucket) -> dict[str, tuple[ArenaSlot, np.ndarray]] | None:
+        """Arena slots for every output of ``bucket``, or None: no arena, no room now, or
+        output shapes that depend on the inputs' values (known only after the run)."""
+        arena = self._arena
+        if arena is None or not self._outputs_follow_inputs:
+            return None
+        placed: dict[str, tuple[ArenaSlot, np.ndarray]] = {}
+        for spec in bucket.outputs:
+            found = arena.allocate(spec_nbytes(spec))
+            if found is None:
+                self._release_placed(placed)
+                return None
+            slot, raw = found
+            shape = tuple(int(dim) for dim in spec.shape if isinstance(dim, int))
+            placed[spec.name] = (slot, raw.view(np.dtype(spec.dtype.value)).reshape(shape))
+        return placed
+
+    def _release_placed(self, placed: dict[str, tuple[ArenaSlot, np.ndarray]] | None) -> None:
+        if placed and self._arena is not None:
+            for slot, _ in placed.values():
+                self._arena.acknowledge(slot.generation)
+
+    def _run(
+        self,
+        inputs: dict[str, np.ndarray],
+        placed: dict[str, tuple[ArenaSlot, np.ndarray]] | None,
+        options: ort.RunOptions,
+    ) -> dict[str, np.ndarray]:
+        session = self._session
+        assert session is not None
+        if placed is None:
+            results = session.run(None, inputs, options)
+            names = [value.name for value in session.get_outputs()]
+            return {name: np.asarray(value) for name, value in zip(names, results, strict=True)}
+        binding = session.io_binding()
+        for name, array in inputs.items():
+            contiguous = np.ascontiguousarray(array)
+            binding.bind_input(
+                name, "cpu", 0, contiguous.dtype, list(contiguous.shape), contiguous.ctypes.data
+            )
+        for name, (_, view) in placed.items():
+            binding.bind_output(name, "cpu", 0, view.dtype, list(view.shape), view.ctypes.data)
+        session.run_with_iobinding(binding, options)
+        return {name: view for name, (_, view) in placed.items()}
 
     def _send_error(
-        self, call_id: int | None, code: str, text: str, *, fatal: bool = False
+        self,
+        call_id: int | None,
+        code: str,
+        text: str,
+        *,
+        fatal: bool = False,
+        acks: list[tuple[str, int]] | None = None,
     ) -> None:
-        self._channel.send_message(ErrorMessage(call_id, code, text, fatal))
+        self._channel.send_message(ErrorMessage(call_id, code, text, fatal), acks=acks or ())
 
     def close(self) -> None:
-        """Cancel a running call and join its thread (idempotent)."""
-        if self._runner is not None:
-            self._runner.close()
+        """Cancel a running call and stop the watcher (idempotent)."""
+        self._stopping = True
+        self.cancel_running()
+        self._wake.set()
+        watcher = self._watcher
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join(1.0)
+
+
+def _output_bytes(bucket: Bucket) -> int:
+    return bucket.output_nbytes
+
+
+def outputs_follow_inputs(session: ort.InferenceSession) -> bool:
+    """Whether every output's shape is fixed by the input shapes alone (each dimension a
+    number or a symbol an input declares), so a bucket's outputs can be placed before the
+    run. A graph whose output sizes depend on input values (a voice's durations) cannot."""
+    symbols = {dim for value in session.get_inputs() for dim in value.shape if isinstance(dim, str)}
+    return all(
+        isinstance(dim, int) or (isinstance(dim, str) and dim in symbols)
+        for value in session.get_outputs()
+        for dim in value.shape
+    )
 
 
 def run(channel: FramedChannel, generation: int) -> int:

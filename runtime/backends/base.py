@@ -31,7 +31,12 @@ class TensorSpec:
 
 @dataclass(frozen=True, slots=True)
 class CallResult:
-    """One completed stage call. The arrays are the controller's own copies."""
+    """One completed stage call.
+
+    ``outputs`` are read-only arrays over the worker's buffers, valid until the stage's slot
+    is acknowledged; whoever keeps them longer copies them. ``copied_bytes`` counts the
+    tensor bytes copied for this call on both sides of the pipe.
+    """
 
     key: RequestKey
     outputs: Mapping[str, np.ndarray]
@@ -39,6 +44,7 @@ class CallResult:
     round_trip_s: float
     bytes_in: int
     bytes_out: int
+    copied_bytes: int = 0
 
     @property
     def transfer_s(self) -> float:

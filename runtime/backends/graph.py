@@ -51,16 +51,18 @@ from runtime.errors import (
     VerificationError,
 )
 from runtime.host import current_os_domain, spawn_worker
-from runtime.transport.channel import ChannelClosed, ProtocolError, frame_acks
-from runtime.transport.shm import new_prefix, sweep_segments
+from runtime.transport.arena import arena_size_for
+from runtime.transport.channel import ARENA_THRESHOLD, ChannelClosed, ProtocolError, frame_acks
+from runtime.transport.shm import ShmError, new_prefix, sweep_segments
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from runtime.config import StageConfig
     from runtime.contracts.codec import Frame
     from runtime.contracts.messages import Message
     from runtime.engine.events import EventBus
+    from runtime.engine.threads import ThreadPlan
     from runtime.host import LaunchSpec, RetireOutcome
     from runtime.ledger import ResourceLedger, StageReservation
 
@@ -102,6 +104,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         generation: int,
         events: EventBus | None = None,
         timeouts: GraphTimeouts | None = None,
+        threads: ThreadPlan | None = None,
     ) -> None:
         backend = stage.backend
         if not isinstance(backend, GraphBackendConfig):
@@ -119,6 +122,9 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         self._pending: dict[int, tuple[RequestKey, asyncio.Future[Any]]] = {}
         self._slot: RequestKey | None = None
         self._running = False
+        self.threads = threads
+        # The retained result's shared buffers, acknowledged when its slot is freed.
+        self._result_acks: list[tuple[str, int]] = []
 
     # -- state -----------------------------------------------------------------------
 
@@ -169,6 +175,8 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
             max_io_bytes=self.route.max_io_bytes,
             min_fraction_on_target=self.route.min_fraction_on_target,
             shm_prefix=self._shm_prefix,
+            intra_op_threads=0 if self.threads is None else self.threads.intra_op_threads,
+            allow_spinning=True if self.threads is None else self.threads.allow_spinning,
         )
         channel.send_message(load, owner=self.name, generation=self.generation)
         assert self._load_future is not None
@@ -195,6 +203,14 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         )
         self._inputs = tuple(_spec(s) for s in message.inputs)
         self._outputs = tuple(_spec(s) for s in message.outputs)
+        if message.max_input_bytes > ARENA_THRESHOLD:
+            # Inputs go to this arena, mapped and touched once; room for two calls' inputs.
+            sizes = [spec_bytes(spec) for spec in self._inputs]
+            scale = max(1.0, message.max_input_bytes / max(1, sum(sizes)))
+            try:
+                channel.open_arena(self.name, arena_size_for([int(n * scale) for n in sizes]))
+            except ShmError as exc:
+                log.warning("%s: inputs go through single segments: %s", self.name, exc)
         self._ready = message
         return self.record()
 
@@ -226,12 +242,60 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
             "load_s": None if ready is None else ready.load_s,
             "warmup_s": None if ready is None else ready.warmup_s,
             "worker_rss_bytes": None if ready is None else ready.rss_bytes,
+            "threads": {
+                **({} if self.threads is None else self.threads.to_json()),
+                "applied_intra_op_threads": None if ready is None else ready.intra_op_threads,
+                "applied_allow_spinning": None if ready is None else ready.allow_spinning,
+            },
+            "arenas": self._arena_detail(),
             "usable": self.usable,
             "failure": None if self._failure is None else str(self._failure),
         }
         return StageRecord(stage=self.name, backend=BACKEND_NAME, detail=detail)
 
-    # -- frames from the worker (reader thread -> loop) ----------------------------------
+    def _arena_detail(self) -> dict[str, int] | None:
+        ready, channel = self._ready, self._channel
+        if ready is None or channel is None:
+            return None
+        inputs = channel.arena(self.name)
+        return {
+            "inputs_bytes": 0 if inputs is None else inputs.size,
+            "outputs_bytes": ready.arena_bytes,
+        }
+
+    # -- frames from the worker ----------------------------------------------------------
+
+    def _on_frame_loop(self, frame: Frame) -> None:
+        """On the loop (POSIX): decode, read the result's buffers in place, dispatch."""
+        channel = self._channel
+        assert channel is not None
+        try:
+            message = decode_message(frame, WORKER_TO_CONTROLLER)
+            arrays: dict[str, np.ndarray] = {}
+            acks: list[tuple[str, int]] = []
+            if isinstance(message, ResultMessage):
+                arrays, acks = channel.arrays_from_frame(frame, message.output_names, copy=False)
+        except (ValueError, ExecutionError) as exc:
+            self._refuse_frame(frame, exc)
+            return
+        self._on_message(message, arrays, frame, acks)
+
+    def _refuse_frame(self, frame: Frame, exc: ValueError | ExecutionError) -> None:
+        channel = self._channel
+        acks = frame_acks(frame)
+        if acks and channel is not None:
+            try:
+                channel.send_acks(acks, from_loop=channel.loop_reading)
+            except ExecutionError:
+                pass
+        error = (
+            exc
+            if isinstance(exc, ExecutionError)
+            else ProtocolError(
+                str(exc), code=getattr(exc, "code", "bad_message"), channel=self.name
+            )
+        )
+        self._fail(error)
 
     def _on_frame_thread(self, frame: Frame) -> None:
         """Reader thread: decode, copy buffers out and acknowledge them, then hop to the loop."""
@@ -260,9 +324,15 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
             )
             self._loop.call_soon_threadsafe(self._fail, error)
             return
-        self._loop.call_soon_threadsafe(self._on_message, message, arrays, frame)
+        self._loop.call_soon_threadsafe(self._on_message, message, arrays, frame, [])
 
-    def _on_message(self, message: Message, arrays: dict[str, np.ndarray], frame: Frame) -> None:
+    def _on_message(
+        self,
+        message: Message,
+        arrays: dict[str, np.ndarray],
+        frame: Frame,
+        acks: list[tuple[str, int]],
+    ) -> None:
         if isinstance(message, ReadyMessage):
             self._on_ready(message)
             return
@@ -270,6 +340,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
             entry = self._pending.get(message.call_id)
             if entry is None:
                 log.info("%s: dropped a stale result of call %d", self.name, message.call_id)
+                self._send_acks(acks)
                 return
             if entry[0].epoch != message.epoch:
                 # Call ids are never reused and fencing drops the pending call, so only a
@@ -285,8 +356,11 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
                 return
             del self._pending[message.call_id]
             future = entry[1]
-            if not future.done():
-                future.set_result((message, arrays, sum(len(p or b"") for p in frame.payloads)))
+            if future.done():
+                self._send_acks(acks)
+                return
+            self._result_acks = acks
+            future.set_result((message, arrays))
             return
         if isinstance(message, ErrorMessage):
             self._on_error(message)
@@ -300,6 +374,16 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
             generation = getattr(message, "generation", -1)
             if not self._channel.acknowledge(owner, generation):
                 log.debug("%s: ignored a stale acknowledgement %s/%s", self.name, owner, generation)
+
+    def _send_acks(self, acks: list[tuple[str, int]]) -> None:
+        """Tell the worker its result buffers are free (nothing to do once it is gone)."""
+        channel = self._channel
+        if not acks or channel is None or self._failure is not None:
+            return
+        try:
+            channel.send_acks(acks, from_loop=channel.loop_reading)
+        except ExecutionError as exc:
+            log.debug("%s: acknowledgements not sent: %s", self.name, exc)
 
     def _on_error(self, message: ErrorMessage) -> None:
         if message.call_id is None or message.fatal:
@@ -340,7 +424,18 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         if self._closed or self._ready is None:
             raise StageRetired(f"{self.name} is not running")
 
-    async def call(self, key: RequestKey, inputs: Mapping[str, np.ndarray]) -> CallResult:
+    async def call(
+        self,
+        key: RequestKey,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        on_sent: Callable[[], None] | None = None,
+    ) -> CallResult:
+        """One call. The inputs are copied once, into this stage's arena (or inline into the
+        frame) before the call goes out; ``on_sent`` runs right after that, so a caller may
+        let go of the arrays it passed. The result's arrays are read-only views over the
+        worker's buffers, valid until :meth:`acknowledge` (or :meth:`cancel`) frees the slot.
+        """
         self._check_usable()
         if self._slot is not None:
             raise ResourceUnavailable(
@@ -364,11 +459,12 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         started = time.perf_counter()
         try:
             try:
-                await self._loop.run_in_executor(
-                    None,
-                    lambda: channel.send_message(
-                        message, dict(inputs), owner=self.name, generation=call_id
-                    ),
+                copied = channel.send_message(
+                    message,
+                    dict(inputs),
+                    owner=self.name,
+                    generation=call_id,
+                    from_loop=channel.loop_reading,
                 )
             except (ExecutionError, DescriptorError) as exc:
                 # The call never reached the worker: nothing will answer it.
@@ -378,11 +474,14 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
                 if isinstance(exc, DescriptorError):
                     raise ModelError(f"{self.name}: bad_input: {exc}") from exc
                 raise
-            result, arrays, _ = await future
+            if on_sent is not None:
+                on_sent()
+            result, arrays = await future
         except BaseException:
             self._running = False
             if self._slot == key and (self._failure is not None or not self._pending):
                 self._slot = None
+                self._send_acks(self._take_result_acks())
             raise
         self._running = False
         return CallResult(
@@ -392,12 +491,19 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
             round_trip_s=time.perf_counter() - started,
             bytes_in=bytes_in,
             bytes_out=sum(int(a.nbytes) for a in arrays.values()),
+            copied_bytes=copied + result.copied_bytes,
         )
 
+    def _take_result_acks(self) -> list[tuple[str, int]]:
+        acks, self._result_acks = self._result_acks, []
+        return acks
+
     def acknowledge(self, key: RequestKey) -> bool:
+        """Free the slot of ``key``'s retained result; its arrays are no longer valid."""
         if self._slot is None or self._slot != key or self._running:
             return False
         self._slot = None
+        self._send_acks(self._take_result_acks())
         return True
 
     async def cancel(self, key: RequestKey) -> None:
@@ -405,6 +511,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
             return
         if not self._running:
             self._slot = None
+            self._send_acks(self._take_result_acks())
             return
         # An active call: fence it now, ask the worker to stop between nodes, and retire it.
         for call_id, (pending_key, future) in list(self._pending.items()):
@@ -513,3 +620,11 @@ def _spec(wire: Any) -> TensorSpec:
         dtype=wire.dtype.value,
         shape=tuple(int(d) if isinstance(d, int) else -1 for d in wire.shape),
     )
+
+
+def spec_bytes(spec: TensorSpec) -> int:
+    """The bytes of a tensor of fixed shape (unknown dimensions count as 1)."""
+    count = 1
+    for dim in spec.shape:
+        count *= max(1, dim)
+    return count * int(np.dtype(spec.dtype).itemsize)

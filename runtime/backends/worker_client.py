@@ -29,6 +29,7 @@ from runtime.transport.channel import (
     ChannelClosed,
     FramedChannel,
     ProtocolError,
+    loop_reading_supported,
     start_reader_thread,
 )
 from runtime.transport.handshake import expect_hello
@@ -152,6 +153,10 @@ class WorkerStageClient(ABC, Generic[ReadyT]):
     def _on_frame_thread(self, frame: Frame) -> None:
         """Reader thread: decode one frame and hop to the loop."""
 
+    def _on_frame_loop(self, frame: Frame) -> None:
+        """On the loop, where it watches the pipe itself: decode one frame and handle it."""
+        self._on_frame_thread(frame)
+
     def _before_retire(self, worker: WorkerProcess) -> None:
         """Just before ``worker`` is retired (it may still be running)."""
 
@@ -234,7 +239,11 @@ class WorkerStageClient(ABC, Generic[ReadyT]):
         except ChannelClosed as exc:
             raise self._died("exited before its handshake") from exc
         self._load_future = loop.create_future()
-        start_reader_thread(channel, self._on_frame_thread, self._on_closed_thread)
+        if loop_reading_supported(channel):
+            # POSIX: the loop itself watches the pipe; no reader thread, no hop.
+            channel.start_loop_reader(loop, self._on_frame_loop, self._on_closed)
+        else:
+            start_reader_thread(channel, self._on_frame_thread, self._on_closed_thread)
         return channel
 
     # -- the worker's end ----------------------------------------------------------------

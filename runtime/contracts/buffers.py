@@ -86,7 +86,9 @@ class BufferDescriptor:
     """One raw buffer: who owns it, which generation, and exactly what it holds.
 
     ``location`` is ``None`` when the bytes travel inline in the frame payload, or the
-    name of a shared-memory segment that holds them (same OS domain only).
+    name of a shared-memory segment that holds them (same OS domain only). ``offset`` is
+    where the bytes start inside that segment: ``None`` for a segment that holds one buffer,
+    a byte offset into a producer's persistent arena otherwise (feature ``shm-arena``).
     """
 
     owner: str
@@ -95,9 +97,11 @@ class BufferDescriptor:
     dtype: DType
     shape: tuple[int, ...]
     location: str | None = None
+    offset: int | None = None
 
     def __post_init__(self) -> None:
         _validate(self.owner, self.generation, self.nbytes, self.shape, self.dtype, self.location)
+        _validate_offset(self.offset, self.location)
 
     @classmethod
     def for_array(
@@ -107,13 +111,20 @@ class BufferDescriptor:
         dtype: DType,
         shape: tuple[int, ...],
         location: str | None = None,
+        offset: int | None = None,
     ) -> BufferDescriptor:
         """Build a descriptor whose size is derived from dtype and shape."""
-        return cls(owner, generation, math.prod(shape) * dtype.itemsize, dtype, shape, location)
+        nbytes = math.prod(shape) * dtype.itemsize
+        return cls(owner, generation, nbytes, dtype, shape, location, offset)
 
     @property
     def inline(self) -> bool:
         return self.location is None
+
+    @property
+    def in_arena(self) -> bool:
+        """Whether the bytes lie at ``offset`` inside a producer's persistent arena."""
+        return self.offset is not None
 
     def to_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {
@@ -125,6 +136,8 @@ class BufferDescriptor:
         }
         if self.location is not None:
             wire["location"] = self.location
+        if self.offset is not None:
+            wire["offset"] = self.offset
         return wire
 
     @classmethod
@@ -132,7 +145,7 @@ class BufferDescriptor:
         """Parse and fully validate a descriptor from its JSON form."""
         if not isinstance(wire, Mapping):
             raise DescriptorError("bad_descriptor", "a buffer descriptor must be a JSON object")
-        allowed = {"owner", "generation", "nbytes", "dtype", "shape", "location"}
+        allowed = {"owner", "generation", "nbytes", "dtype", "shape", "location", "offset"}
         extra = sorted(set(wire) - allowed)
         if extra:
             raise DescriptorError(
@@ -147,8 +160,28 @@ class BufferDescriptor:
             raise DescriptorError("bad_descriptor", "descriptor shape must be a list of integers")
         dtype = DType.parse(wire["dtype"])
         location = wire.get("location")
+        offset = wire.get("offset")
         _validate(wire["owner"], wire["generation"], wire["nbytes"], shape, dtype, location)
-        return cls(wire["owner"], wire["generation"], wire["nbytes"], dtype, tuple(shape), location)
+        _validate_offset(offset, location)
+        return cls(
+            wire["owner"], wire["generation"], wire["nbytes"], dtype, tuple(shape), location, offset
+        )
+
+
+def _validate_offset(offset: object, location: object) -> None:
+    if offset is None:
+        return
+    if location is None:
+        raise DescriptorError(
+            "bad_descriptor", "descriptor offset needs a location (the arena it points into)"
+        )
+    if not _is_int(offset):
+        raise DescriptorError("bad_descriptor", f"descriptor offset {offset!r} is not an integer")
+    assert isinstance(offset, int)
+    if offset < 0:
+        raise DescriptorError("negative_length", f"descriptor offset {offset} is negative")
+    if offset > MAX_BUFFER_BYTES:
+        raise DescriptorError("length_overflow", f"descriptor offset {offset} overflows 63 bits")
 
 
 def _validate(

@@ -118,6 +118,8 @@ def encode_frame_parts(
     descriptors = [d for d, _ in buffers]
     if any(not d.inline for d in descriptors) and "shm-buffers" not in required:
         required = (*required, "shm-buffers")
+    if any(d.in_arena for d in descriptors) and "shm-arena" not in required:
+        required = (*required, "shm-arena")
     header: dict[str, Any] = {"v": PROTOCOL_VERSION, "kind": kind}
     if required:
         header["required"] = list(required)
@@ -346,6 +348,10 @@ class FrameDecoder:
         if any(not d.inline for d in descriptors) and "shm-buffers" not in required:
             raise FrameError(
                 "bad_descriptor", "a shared-memory buffer needs 'shm-buffers' in 'required'"
+            )
+        if any(d.in_arena for d in descriptors) and "shm-arena" not in required:
+            raise FrameError(
+                "bad_descriptor", "a buffer at an arena offset needs 'shm-arena' in 'required'"
             )
         return _Pending(kind, body, tuple(descriptors), tuple(required), self._payload_len)
 

@@ -7,8 +7,9 @@ carry one buffer per tensor, in the order of ``input_names`` / ``output_names``.
 Controller to worker: ``load``, ``call``, ``cancel``, ``ack``, ``shutdown``.
 Worker to controller: ``hello``, ``ready``, ``result``, ``error``, ``ack``, ``bye``.
 
-Every field is required on the wire (``None`` is written as ``null``), unknown fields
-are refused, and every value is validated when a message is built, so a message that
+Every field is required on the wire (``None`` is written as ``null``) except those added
+to a message later, which have a default (a peer that predates them omits them); unknown
+fields are refused, and every value is validated when a message is built, so a message that
 exists is a valid one. Failures raise :class:`MessageError` naming the kind, the field
 and what is accepted.
 """
@@ -84,6 +85,12 @@ def _check_float(
     return float(value)
 
 
+def _check_bool(kind: str, field: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        _bad(kind, field, value, "true or false")
+    return value
+
+
 def _check_names(kind: str, field: str, value: object) -> tuple[str, ...]:
     accepted = "a list of distinct non-empty strings"
     if not isinstance(value, (list, tuple)):
@@ -128,10 +135,15 @@ class Message:
             raise MessageError(
                 "unknown_field", f"{cls.KIND} has no field(s) {unknown}; fields: {names}"
             )
-        missing = [name for name in names if name not in body]
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        missing = [
+            field.name
+            for field in fields
+            if field.name not in body and field.default is dataclasses.MISSING
+        ]
         if missing:
             raise MessageError("missing_field", f"{cls.KIND} is missing field(s) {missing}")
-        return cls(**{name: body[name] for name in names})
+        return cls(**{name: body[name] for name in names if name in body})
 
 
 def _to_wire(value: object) -> object:
@@ -213,10 +225,15 @@ class LoadMessage(Message):
     max_io_bytes: int
     min_fraction_on_target: float
     shm_prefix: str | None
+    #: ONNX Runtime's intra-op threads (0: its default, one per core) and whether they spin.
+    intra_op_threads: int = 0
+    allow_spinning: bool = True
 
     def __post_init__(self) -> None:
         kind = self.KIND
         _check_str(kind, "manifest_path", self.manifest_path)
+        _check_int(kind, "intra_op_threads", self.intra_op_threads)
+        _check_bool(kind, "allow_spinning", self.allow_spinning)
         _check_str(kind, "expected_identity", self.expected_identity)
         _set(self, "providers", _check_names(kind, "providers", self.providers))
         if not self.providers:
@@ -364,6 +381,12 @@ class ReadyMessage(Message):
     load_s: float
     warmup_s: float
     rss_bytes: int
+    #: The session's intra-op threads and spinning as applied, and the output arena's size.
+    intra_op_threads: int = 0
+    allow_spinning: bool = True
+    arena_bytes: int = 0
+    #: The inputs of the largest bucket, in bytes (what the controller's arena must hold).
+    max_input_bytes: int = 0
 
     def __post_init__(self) -> None:
         kind = self.KIND
@@ -394,6 +417,10 @@ class ReadyMessage(Message):
         _set(self, "load_s", _check_float(kind, "load_s", self.load_s))
         _set(self, "warmup_s", _check_float(kind, "warmup_s", self.warmup_s))
         _check_int(kind, "rss_bytes", self.rss_bytes)
+        _check_int(kind, "intra_op_threads", self.intra_op_threads)
+        _check_bool(kind, "allow_spinning", self.allow_spinning)
+        _check_int(kind, "arena_bytes", self.arena_bytes)
+        _check_int(kind, "max_input_bytes", self.max_input_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,6 +434,9 @@ class ResultMessage(Message):
     epoch: int
     output_names: tuple[str, ...]
     run_s: float
+    #: Tensor bytes the worker copied for this call (0 when ONNX Runtime read its inputs in
+    #: place and wrote its outputs straight into the worker's arena).
+    copied_bytes: int = 0
 
     def __post_init__(self) -> None:
         _check_int(self.KIND, "call_id", self.call_id)
@@ -414,6 +444,7 @@ class ResultMessage(Message):
         _check_int(self.KIND, "epoch", self.epoch)
         _set(self, "output_names", _check_names(self.KIND, "output_names", self.output_names))
         _set(self, "run_s", _check_float(self.KIND, "run_s", self.run_s))
+        _check_int(self.KIND, "copied_bytes", self.copied_bytes)
 
     @property
     def buffer_names(self) -> tuple[str, ...]:

@@ -56,6 +56,8 @@ class StageCallFinished(Event):
     transfer_s: float
     bytes_in: int
     bytes_out: int
+    #: Tensor bytes copied for the call, on both sides of the pipe.
+    copied_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

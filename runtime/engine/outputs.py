@@ -8,19 +8,21 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
-
-    import numpy as np
 
 
 @dataclass(slots=True, eq=False)
 class OmniRequestOutput:
     """One output of a request.
 
-    ``outputs`` are the application's own arrays. The stage that produced them keeps its
-    slot until :meth:`release_stage_buffers` is called; the public generators call it
-    when iteration advances or closes, direct consumers call it in ``finally``.
+    ``outputs`` of a graph stage are read-only arrays over the worker's shared memory: they
+    stay valid until :meth:`release_stage_buffers` is called, and the stage keeps its slot
+    until then. The public generators call it when iteration advances or closes, direct
+    consumers call it in ``finally``. Whatever must outlive the acknowledgement is copied by
+    whoever keeps it (:meth:`kept_outputs`; ``Omni.run`` returns such copies).
 
     ``text`` is a language-model stage's text: on a partial output (``finished`` false) the
     text added since the previous one, so the partials concatenate to the whole; on the
@@ -39,6 +41,13 @@ class OmniRequestOutput:
     text: str | None = None
     _release: Callable[[], None] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def kept_outputs(self) -> dict[str, Any]:
+        """Copies of the outputs that stay valid after acknowledgement (copied once, here)."""
+        kept: dict[str, Any] = {}
+        for name, value in self.outputs.items():
+            kept[name] = value.copy() if isinstance(value, np.ndarray) else value
+        return kept
 
     def release_stage_buffers(self) -> None:
         """Acknowledge this output so its stage can take the next request. Idempotent."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -331,10 +332,21 @@ class RequestContext:
         return view
 
     async def call(
-        self, stage: int, tensors: Mapping[str, np.ndarray], *, hold: bool = False
+        self,
+        stage: int,
+        tensors: Mapping[str, np.ndarray],
+        *,
+        hold: bool = False,
+        then_release: int | None = None,
     ) -> CallResult:
-        """One call of graph ``stage``. Its result arrays are already the caller's copies, so the
-        slot is acknowledged at once unless ``hold`` keeps it (release with :meth:`release`).
+        """One call of graph ``stage``.
+
+        With ``hold`` the result's arrays are read in place (views over the worker's shared
+        memory) and the stage keeps its slot until :meth:`release`; the arrays are valid
+        until then. Without it, the arrays are copied once and the slot is acknowledged at
+        once. ``then_release`` names a stage held earlier whose slot is freed as soon as
+        this call's inputs are written (a handoff reads the previous stage's outputs in
+        place and copies them once, into this stage's input buffers).
 
         While another request of the pipeline uses the stage, this waits its turn. A request
         cancelled while the program ran (during a handoff, say) starts no new call, so no
@@ -343,13 +355,19 @@ class RequestContext:
         self.check_cancelled()
         waited_from = time.perf_counter()
         await handle.lock.acquire()
+        on_sent = None if then_release is None else functools.partial(self.release, then_release)
         try:
             self.check_cancelled()
             started = time.perf_counter()
-            result = await handle.client.call(self.request.key, tensors)
+            result = await handle.client.call(self.request.key, tensors, on_sent=on_sent)
         except BaseException:
             handle.lock.release()
             raise
+        if not hold:
+            kept = {name: np.array(value, copy=True) for name, value in result.outputs.items()}
+            result = dataclasses.replace(
+                result, outputs=kept, copied_bytes=result.copied_bytes + result.bytes_out
+            )
         queue_s = (
             max(0.0, started - self.request.submitted_at)
             if not self.request.stage_metrics
@@ -362,6 +380,7 @@ class RequestContext:
             "transfer_s": result.transfer_s,
             "bytes_in": result.bytes_in,
             "bytes_out": result.bytes_out,
+            "copied_bytes": result.copied_bytes,
         }
         self.request.stage_metrics.append(entry)
         self.events.publish(StageCallFinished(request_id=self.request_id, **entry))
@@ -506,7 +525,11 @@ class ChainProgram:
         inputs = prepared if prepared is not None else ctx.example_inputs(0)
         last = ctx.stage_count - 1
         for index in range(ctx.stage_count):
-            result = await ctx.call(index, inputs, hold=index == last)
+            # Each stage's result is read in place and held until the next stage's inputs
+            # are written: the handoff costs one copy, into the next worker's input buffer.
+            result = await ctx.call(
+                index, inputs, hold=True, then_release=index - 1 if index else None
+            )
             if index < last:
                 inputs = self.handoff(index + 1, result.outputs)
                 continue
@@ -518,7 +541,10 @@ class ChainProgram:
                 ctx.release(index)
 
     def handoff(self, stage_id: int, outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run the model-owned transform and copy its tensors (before acknowledgement)."""
+        """Run the model-owned transform on the previous stage's outputs (read in place).
+
+        The tensors it returns are copied once, when the next call writes them into its
+        worker's input buffer; the previous stage is acknowledged right after that."""
         transform = self._transforms.get(stage_id)
         if transform is None:
             raise UsageError(f"stage-{stage_id} has no custom_process_input_func")
@@ -529,7 +555,7 @@ class ChainProgram:
                 f"stage-{stage_id}'s custom_process_input_func must return "
                 f"{{'tensors': {{name: array}}}}, got {type(handed).__name__}"
             )
-        return {str(name): np.array(value, copy=True) for name, value in tensors.items()}
+        return {str(name): np.asarray(value) for name, value in tensors.items()}
 
 
 @dataclass(frozen=True, slots=True)

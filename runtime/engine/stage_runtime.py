@@ -49,6 +49,7 @@ from runtime.devices import (
 )
 from runtime.engine.events import EventBus, StageReady, StageStarting
 from runtime.engine.stages import GraphStage, LlmStage, StageHandle
+from runtime.engine.threads import plan_threads
 from runtime.envs.manager import envs_root
 from runtime.errors import ConfigError, ExecutionError, OmniError, UsageError
 from runtime.host import RouteError, is_frozen, resolve_interpreter, worker_argv
@@ -121,6 +122,8 @@ class StageRuntime:
         self.timeouts = timeouts
         self.llm_timeouts = llm_timeouts
         self.env_dir = env_dir
+        #: ONNX Runtime threads of each graph stage, split between stages that run at once.
+        self.threads = plan_threads(config)
         self.stages: list[StageHandle] = []
         #: Each stage's backend client, in stage order.
         self.clients: list[GraphStageClient | LlmStageClient] = []
@@ -262,6 +265,7 @@ class StageRuntime:
                 generation=next_generation(),
                 events=self.events,
                 timeouts=self.timeouts,
+                threads=self.threads.get(stage.name),
             )
             return GraphStage(stage, client)
         if isinstance(found, _RemoteLlm):

@@ -13,13 +13,15 @@ Buffers travel in little-endian byte order.
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import select
 import sys
 import threading
 import time
+from asyncio import get_running_loop as asyncio_running_loop
 from collections import deque
-from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn, TypeVar, cast
 
 import numpy as np
 
@@ -28,14 +30,21 @@ from runtime.contracts.codec import Frame, FrameDecoder, FrameError, FrameLimits
 from runtime.contracts.messages import AckMessage, Message, MessageError, decode_message
 from runtime.errors import ExecutionError
 
+from .arena import ArenaReader, ArenaSlot, ShmArena
 from .shm import ShmConsumer, ShmError, ShmProducer, shm_supported, validate_prefix
 
 if TYPE_CHECKING:
+    import asyncio
     from collections.abc import Callable, Iterable, Mapping, Sequence
 
     import numpy.typing as npt
 
+_P = TypeVar("_P")
+
 DEFAULT_SHM_THRESHOLD = 256 << 10
+#: Arrays above this size go to the sender's arena when it has one: writing into a mapped,
+#: already-touched slot costs less than pushing the bytes through the pipe.
+ARENA_THRESHOLD = 16 << 10
 #: Largest single read from the pipe; the decoder never asks for more than the step needs.
 READ_CHUNK = 1 << 20
 
@@ -148,6 +157,13 @@ else:
         return bool(readable)
 
 
+def _wait_writable(fd: int) -> None:
+    if sys.platform == "win32":  # pragma: no cover - Windows pipes stay blocking
+        time.sleep(0.001)
+        return
+    select.select([], [fd], [], 1.0)
+
+
 class FramedChannel:
     """One end of a framed byte stream.
 
@@ -190,14 +206,19 @@ class FramedChannel:
             else writer
         )
         self._read_fd = _fileno(reader)
+        self._write_fd = _fileno(writer)
         self._decoder = FrameDecoder(self.limits)
         self._ready: deque[Frame] = deque()
         self._read_lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._producers: dict[str, ShmProducer] = {}
+        self._generations: dict[str, itertools.count[int]] = {}
+        self._arenas: dict[str, ShmArena] = {}
         self._shm_prefix: str | None = None
         self._consumer: ShmConsumer | None = None
+        self._arena_reader: ArenaReader | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._write_broken = False
         self._read_failed: ProtocolError | ChannelClosed | None = None
@@ -226,6 +247,14 @@ class FramedChannel:
                 return
             self._shm_prefix = prefix
             self._consumer = ShmConsumer(prefix)
+            self._arena_reader = ArenaReader(prefix)
+
+    def _owner_generations(self, owner: str) -> itertools.count[int]:
+        # One counter per owner, shared by its arena and its single segments.
+        found = self._generations.get(owner)
+        if found is None:
+            found = self._generations[owner] = itertools.count(1)
+        return found
 
     def _producer(self, owner: str) -> ShmProducer:
         with self._state_lock:
@@ -234,25 +263,64 @@ class FramedChannel:
             producer = self._producers.get(owner)
             if producer is None:
                 assert self._shm_prefix is not None
-                producer = ShmProducer(owner, self._shm_prefix, **self._shm_limits)
+                producer = ShmProducer(
+                    owner,
+                    self._shm_prefix,
+                    generations=self._owner_generations(owner),
+                    **self._shm_limits,
+                )
                 self._producers[owner] = producer
             return producer
 
+    def open_arena(self, owner: str, size: int) -> ShmArena | None:
+        """Create (once) and keep the persistent arena this side writes ``owner``'s buffers to.
+
+        None when shared memory is not in use on this channel. A second call for the same
+        owner returns the arena already open.
+        """
+        with self._state_lock:
+            if self._closed:
+                raise ChannelClosed(f"channel {self.name} is closed", channel=self.name)
+            if not self.shm_enabled:
+                return None
+            arena = self._arenas.get(owner)
+            if arena is None:
+                assert self._shm_prefix is not None
+                arena = ShmArena(
+                    owner,
+                    self._shm_prefix,
+                    size,
+                    generations=self._owner_generations(owner),
+                    **self._shm_limits,
+                )
+                self._arenas[owner] = arena
+            return arena
+
+    def arena(self, owner: str) -> ShmArena | None:
+        with self._state_lock:
+            return self._arenas.get(owner)
+
     def acknowledge(self, owner: str, generation: int) -> bool:
-        """The peer copied our buffer ``(owner, generation)``: release it.
+        """The peer is done with our buffer ``(owner, generation)``: release it.
 
         Returns False for a stale, duplicate or unknown acknowledgement.
         """
         with self._state_lock:
+            arena = self._arenas.get(owner)
             producer = self._producers.get(owner)
+        if arena is not None and arena.acknowledge(generation):
+            return True
         return producer is not None and producer.acknowledge(generation)
 
     @property
     def retained_count(self) -> int:
-        """Shared-memory buffers this channel's producers still retain."""
+        """Shared-memory buffers this channel's producers and arenas still retain."""
         with self._state_lock:
             producers = list(self._producers.values())
-        return sum(producer.retained_count for producer in producers)
+            arenas = list(self._arenas.values())
+        return sum(producer.retained_count for producer in producers) + sum(
+            arena.retained_count for arena in arenas
+        )
 
     # Sending.
 
@@ -265,27 +333,69 @@ class FramedChannel:
         owner: str | None = None,
         generation: int = 0,
         required: Iterable[str] = (),
-    ) -> None:
+        placed: Mapping[str, ArenaSlot] | None = None,
+        before: Sequence[Message] = (),
+        from_loop: bool = False,
+    ) -> int:
         """Send one frame; ``arrays`` become its buffers, in mapping order.
 
         Inline descriptors carry ``owner`` (default: the channel name) and
         ``generation``; shared-memory descriptors carry ``owner`` and the generation
-        their producer assigned, which the peer acknowledges. The frame is checked
-        against ``limits`` before anything is written; on any failure the segments
-        written for it are withdrawn.
+        their producer assigned, which the peer acknowledges. An array above
+        :data:`ARENA_THRESHOLD` is copied into ``owner``'s arena when it has one (one copy,
+        into memory already mapped); an array named in ``placed`` already lies in that
+        arena's slot (its producer wrote it there) and is sent as is. Other arrays above
+        ``shm_threshold`` go to a single segment. ``before`` are messages (acknowledgements)
+        written in the same write, ahead of this frame. The frame is checked against
+        ``limits`` before anything is written; on any failure the buffers written for it are
+        withdrawn. Returns the bytes copied into shared memory for this frame.
         """
         owner = owner or self.name
         parts: list[tuple[BufferDescriptor, memoryview | None]] = []
-        written: list[tuple[ShmProducer, int]] = []
+        written: list[tuple[ShmProducer | ShmArena, int]] = []
+        copied = 0
+        placed = placed or {}
+        arena = self._arenas.get(owner) if self._arenas else None
         try:
             for array_name, value in (arrays or {}).items():
+                slot = placed.get(array_name)
+                if slot is not None and arena is not None:
+                    array = np.asarray(value)
+                    dtype = descriptor_dtype(array.dtype)
+                    shape = tuple(int(dim) for dim in array.shape)
+                    written.append((arena, slot.generation))
+                    parts.append(
+                        (
+                            BufferDescriptor.for_array(
+                                owner, slot.generation, dtype, shape, arena.name, slot.offset
+                            ),
+                            None,
+                        )
+                    )
+                    continue
                 array = _wire_array(array_name, value)
                 dtype = descriptor_dtype(array.dtype)
                 shape = tuple(int(dim) for dim in array.shape)
+                if arena is not None and array.nbytes > ARENA_THRESHOLD:
+                    put = arena.put(array)
+                    if put is not None:
+                        written.append((arena, put.generation))
+                        copied += array.nbytes
+                        parts.append(
+                            (
+                                BufferDescriptor.for_array(
+                                    owner, put.generation, dtype, shape, arena.name, put.offset
+                                ),
+                                None,
+                            )
+                        )
+                        continue
                 if self.shm_enabled and array.nbytes > self.shm_threshold:
-                    producer = self._producer(owner)
+                    producer: ShmProducer | ShmArena = self._producer(owner)
+                    assert isinstance(producer, ShmProducer)
                     segment = producer.put(_bytes_of(array))
                     written.append((producer, segment.generation))
+                    copied += array.nbytes
                     descriptor = BufferDescriptor.for_array(
                         owner, segment.generation, dtype, shape, segment.name
                     )
@@ -295,11 +405,15 @@ class FramedChannel:
                     parts.append((descriptor, _bytes_of(array)))
             chunks = encode_frame_parts(kind, body, parts, required)
             self._check_outgoing(kind, len(parts), chunks)
-            self._write(chunks)
+            leading: list[bytes | memoryview] = []
+            for message in before:
+                leading.extend(encode_frame_parts(message.KIND, message.to_body()))
+            self._write([*leading, *chunks], from_loop=from_loop)
         except BaseException:
             for producer, segment_generation in written:
-                producer.cancel(segment_generation)
+                producer.acknowledge(segment_generation)
             raise
+        return copied
 
     def send_message(
         self,
@@ -308,20 +422,40 @@ class FramedChannel:
         *,
         owner: str | None = None,
         generation: int = 0,
-    ) -> None:
-        """Send a protocol message; ``arrays`` must be keyed by its tensor names, in order."""
+        placed: Mapping[str, ArenaSlot] | None = None,
+        acks: Iterable[tuple[str, int]] = (),
+        from_loop: bool = False,
+    ) -> int:
+        """Send a protocol message; ``arrays`` must be keyed by its tensor names, in order.
+
+        ``acks`` are acknowledgements written ahead of it in the same write. Returns the
+        bytes copied into shared memory (see :meth:`send`).
+        """
         names = tuple(arrays or {})
         if names != message.buffer_names:
             raise ValueError(
                 f"{message.KIND} names tensors {list(message.buffer_names)} "
                 f"but arrays {list(names)} were given"
             )
-        self.send(message.KIND, message.to_body(), arrays, owner=owner, generation=generation)
+        return self.send(
+            message.KIND,
+            message.to_body(),
+            arrays,
+            owner=owner,
+            generation=generation,
+            placed=placed,
+            before=[AckMessage(owner, gen) for owner, gen in acks],
+            from_loop=from_loop,
+        )
 
-    def send_acks(self, acks: Iterable[tuple[str, int]]) -> None:
-        """Acknowledge each copied shared-memory buffer to its producer."""
+    def send_acks(self, acks: Iterable[tuple[str, int]], *, from_loop: bool = False) -> None:
+        """Acknowledge shared-memory buffers to their producer, all in one write."""
+        frames: list[bytes | memoryview] = []
         for owner, generation in acks:
-            self.send_message(AckMessage(owner, generation))
+            message = AckMessage(owner, generation)
+            frames.extend(encode_frame_parts(message.KIND, message.to_body()))
+        if frames:
+            self._write(frames, from_loop=from_loop)
 
     def _check_outgoing(
         self, kind: str, buffers: int, chunks: Sequence[bytes | memoryview]
@@ -345,30 +479,92 @@ class FramedChannel:
             code, detail = problem
             raise ProtocolError(f"refusing to send {kind}: {detail}", code=code, channel=self.name)
 
-    def _write(self, chunks: Sequence[bytes | memoryview]) -> None:
-        with self._write_lock:
-            if self._closed or self._write_broken:
-                raise ChannelClosed(f"channel {self.name} is closed for writing", channel=self.name)
+    def _write(self, chunks: Sequence[bytes | memoryview], *, from_loop: bool = False) -> None:
+        """Write whole frames. From the event loop this never waits for the peer: what the
+        pipe cannot take at once is finished by a writer thread, which holds the write lock
+        until the frame is out, so frames stay whole and in order."""
+        fd = self._write_fd
+        if fd is None:
+            with self._write_lock:
+                self._check_writable()
+                try:
+                    self._writer.writelines(chunks)
+                    self._writer.flush()
+                except (OSError, ValueError) as exc:
+                    raise self._broken(exc) from exc
+            return
+        views = [memoryview(chunk).cast("B") for chunk in chunks]
+        self._write_lock.acquire()
+        handed_off = False
+        try:
+            self._check_writable()
+            remaining = self._write_some(fd, views, wait=not from_loop)
+            if remaining:
+                # The pipe is full: a thread finishes this frame; the lock goes with it.
+                handed_off = True
+                threading.Thread(
+                    target=self._finish_write,
+                    args=(fd, remaining),
+                    name=f"{self.name}-writer",
+                    daemon=True,
+                ).start()
+        finally:
+            if not handed_off:
+                self._write_lock.release()
+
+    def _finish_write(self, fd: int, remaining: list[memoryview]) -> None:
+        try:
+            self._write_some(fd, remaining, wait=True)
+        except ChannelClosed:
+            pass
+        finally:
+            self._write_lock.release()
+
+    def _write_some(self, fd: int, views: list[memoryview], *, wait: bool) -> list[memoryview]:
+        """Write ``views`` in order; without ``wait``, stop at a full pipe and return the rest."""
+        while views:
             try:
-                self._writer.writelines(chunks)
-                self._writer.flush()
+                written = os.writev(fd, views[:64])
+            except BlockingIOError:
+                if not wait:
+                    return views
+                _wait_writable(fd)
+                continue
             except (OSError, ValueError) as exc:
-                # A partial frame may have gone out: nothing more can follow it.
-                self._write_broken = True
-                raise ChannelClosed(
-                    f"channel {self.name}: the peer stopped reading ({exc})", channel=self.name
-                ) from exc
+                raise self._broken(exc) from exc
+            while views and written >= views[0].nbytes:
+                written -= views[0].nbytes
+                views.pop(0)
+            if written:
+                views[0] = views[0][written:]
+        return views
+
+    def _check_writable(self) -> None:
+        if self._closed or self._write_broken:
+            raise ChannelClosed(f"channel {self.name} is closed for writing", channel=self.name)
+
+    def _broken(self, exc: BaseException) -> ChannelClosed:
+        # A partial frame may have gone out: nothing more can follow it.
+        self._write_broken = True
+        return ChannelClosed(
+            f"channel {self.name}: the peer stopped reading ({exc})", channel=self.name
+        )
 
     # Receiving.
 
-    def read_frame(self, timeout_s: float | None = None) -> Frame:
+    def read_frame(
+        self, timeout_s: float | None = None, *, pending: deque[_P] | None = None
+    ) -> Frame | _P:
         """Block until one whole frame arrives and return it.
 
         Raises :class:`ChannelClosed` at end of stream, :class:`ProtocolError` for a
         malformed or truncated frame, and :class:`ChannelTimeout` when ``timeout_s``
-        passes first (the partial frame is kept for the next call).
+        passes first (the partial frame is kept for the next call). With ``pending``, an
+        item another reader left there (under the read lock) is returned first.
         """
         with self._read_lock:
+            if pending:
+                return pending.popleft()
             try:
                 return self._read_frame_locked(timeout_s)
             finally:
@@ -382,16 +578,30 @@ class FramedChannel:
                 raise self._read_failed
             if self._closed:
                 raise ChannelClosed(f"channel {self.name} is closed", channel=self.name)
-            need = min(self._decoder.bytes_needed(), READ_CHUNK)
+            # A pipe read returns what is there: reading more than this step needs takes a
+            # whole small frame (prefix, header and payload) in one system call.
+            need = READ_CHUNK if self._decoder.bytes_needed() else 0
             chunk = self._read_some(need, deadline, timeout_s) if need else b""
             if need and not chunk:
                 self._end_of_stream()
             try:
-                self._ready.extend(self._decoder.feed(chunk))
+                self._feed(chunk)
             except FrameError as exc:
                 self._read_failed = self._protocol_error(exc, exc.code)
-                raise self._read_failed from exc
+                if not self._ready:
+                    raise self._read_failed from exc
         return self._ready.popleft()
+
+    def _feed(self, data: bytes) -> None:
+        """Decode ``data`` step by step, so the frames before a bad one are kept."""
+        if not data:
+            self._ready.extend(self._decoder.feed(data))
+            return
+        view = memoryview(data)
+        while view.nbytes:
+            step = max(1, self._decoder.bytes_needed())
+            self._ready.extend(self._decoder.feed(view[:step]))
+            view = view[step:]
 
     def _protocol_error(self, exc: ValueError, code: str) -> ProtocolError:
         return ProtocolError(str(exc).removeprefix(f"{code}: "), code=code, channel=self.name)
@@ -439,13 +649,17 @@ class FramedChannel:
         raise AssertionError("a decoder inside a frame reports it as truncated")
 
     def arrays_from_frame(
-        self, frame: Frame, names: Sequence[str]
+        self, frame: Frame, names: Sequence[str], *, copy: bool = True
     ) -> tuple[dict[str, np.ndarray[Any, Any]], list[tuple[str, int]]]:
-        """Copy every buffer of ``frame`` into a new array, keyed by ``names``.
+        """The buffers of ``frame`` as arrays keyed by ``names``, and the ``(owner,
+        generation)`` of each shared buffer, which the caller acknowledges (:meth:`send_acks`)
+        once it no longer reads them. If reading fails, the caller should still acknowledge
+        :func:`frame_acks` of the frame.
 
-        Returns the arrays and the ``(owner, generation)`` of each shared buffer, which
-        the caller acknowledges (:meth:`send_acks`) now that it holds its own copy. If a
-        copy fails, the caller should still acknowledge :func:`frame_acks` of the frame.
+        With ``copy`` every array is a new copy. Without it, inline buffers and buffers in
+        the peer's arena are read in place: read-only arrays valid until the frame is
+        dropped (inline) or the buffer is acknowledged (arena). A buffer in a single segment
+        is copied either way.
         """
         if len(names) != len(frame.buffers) or len(set(names)) != len(names):
             raise ProtocolError(
@@ -458,18 +672,23 @@ class FramedChannel:
         for name, descriptor, payload in zip(names, frame.buffers, frame.payloads, strict=True):
             dtype = numpy_dtype(descriptor.dtype)
             if payload is not None:
-                arrays[name] = np.frombuffer(payload, dtype=dtype).reshape(descriptor.shape).copy()
+                array = np.frombuffer(payload, dtype=dtype).reshape(descriptor.shape)
+                arrays[name] = array.copy() if copy else array
                 continue
-            consumer = self._consumer
-            if not self.same_domain or consumer is None:
+            consumer, reader = self._consumer, self._arena_reader
+            if not self.same_domain or consumer is None or reader is None:
                 raise ProtocolError(
                     f"buffer {name!r} arrived in shared memory {descriptor.location}, "
                     "which this channel has not enabled",
                     code="shm_not_enabled",
                     channel=self.name,
                 )
-            array = np.empty(descriptor.shape, dtype=dtype)
             try:
+                if descriptor.in_arena:
+                    view = reader.view(descriptor, dtype)
+                    arrays[name] = view.copy() if copy else view
+                    continue
+                array = np.empty(descriptor.shape, dtype=dtype)
                 consumer.copy_into(descriptor, _bytes_of(array))
             except ShmError as exc:
                 raise ProtocolError(
@@ -477,6 +696,114 @@ class FramedChannel:
                 ) from exc
             arrays[name] = array
         return arrays, frame_acks(frame)
+
+    # Reading on an event loop (POSIX).
+
+    @property
+    def loop_reading(self) -> bool:
+        return self._loop is not None
+
+    @property
+    def read_fd(self) -> int | None:
+        return self._read_fd
+
+    def start_loop_reader(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        on_frame: Callable[[Frame], None],
+        on_closed: Callable[[BaseException | None], None],
+    ) -> None:
+        """Read frames with the loop's own readiness on the pipe (call on the loop's thread).
+
+        ``on_frame`` runs on the loop for each frame; ``on_closed`` once at the end (``None``
+        at a clean end of stream). Writes from the loop no longer wait for the peer either.
+        POSIX only: Windows pipes cannot be watched by the loop (use
+        :func:`start_reader_thread` there).
+        """
+        fd = self._read_fd
+        if fd is None or sys.platform == "win32":
+            raise ValueError(f"channel {self.name} cannot be read on an event loop here")
+        os.set_blocking(fd, False)
+        if self._write_fd is not None:
+            os.set_blocking(self._write_fd, False)
+        self._loop = loop
+        finished = False
+        # Frames the handshake already decoded come first.
+        while self._ready:
+            loop.call_soon(on_frame, self._ready.popleft())
+
+        def finish(error: BaseException | None) -> None:
+            nonlocal finished
+            if finished:
+                return
+            finished = True
+            self._stop_loop_reader()
+            on_closed(error)
+
+        def readable() -> None:
+            try:
+                data = os.read(fd, READ_CHUNK)
+            except BlockingIOError:
+                return
+            except (OSError, ValueError) as exc:
+                finish(None if self._closed else ChannelClosed(str(exc), channel=self.name))
+                return
+            if not data:
+                if self._decoder.at_boundary:
+                    finish(None)
+                    return
+                try:
+                    self._decoder.close()
+                except FrameError as exc:
+                    finish(self._protocol_error(exc, exc.code))
+                return
+            failure: FrameError | None = None
+            try:
+                self._feed(data)
+            except FrameError as exc:
+                failure = exc
+            while self._ready and not finished:
+                on_frame(self._ready.popleft())
+            if failure is not None:
+                finish(self._protocol_error(failure, failure.code))
+
+        loop.add_reader(fd, readable)
+
+    def _stop_loop_reader(self) -> None:
+        loop, self._loop = self._loop, None
+        fd = self._read_fd
+        if loop is None or fd is None or loop.is_closed():
+            return
+        try:
+            running = asyncio_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            loop.remove_reader(fd)
+        else:
+            loop.call_soon_threadsafe(loop.remove_reader, fd)
+
+    # Reading from another thread than the one blocked in read_frame (a worker's watcher).
+
+    def try_read_frame(self, accept: Callable[[], bool]) -> Frame | None:
+        """Read one frame if no other thread is reading and ``accept()`` holds under the
+        read lock; None otherwise. Blocks until the whole frame has arrived."""
+        if not self._read_lock.acquire(blocking=False):
+            return None
+        try:
+            if not accept():
+                return None
+            return self._read_frame_locked(None)
+        finally:
+            self._read_lock.release()
+
+    def wait_readable(self, timeout_s: float) -> bool:
+        """Whether bytes (or the end of the stream) are waiting to be read, within ``timeout_s``."""
+        if self._ready:
+            return True
+        if self._read_fd is None:
+            return True
+        return _wait_readable(self._read_fd, time.monotonic() + timeout_s)
 
     # Lifetime.
 
@@ -495,8 +822,15 @@ class FramedChannel:
                 return
             self._closed = True
             producers = list(self._producers.values())
+            arenas = list(self._arenas.values())
+            reader = self._arena_reader
+        self._stop_loop_reader()
         for producer in producers:
             producer.close()
+        for arena in arenas:
+            arena.close()
+        if reader is not None:
+            reader.close()
         try:
             self._writer.close()
         except (OSError, ValueError):
@@ -521,6 +855,11 @@ class FramedChannel:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def loop_reading_supported(channel: FramedChannel) -> bool:
+    """Whether an event loop can watch this channel's pipe itself (POSIX pipes)."""
+    return sys.platform != "win32" and channel.read_fd is not None
 
 
 def start_reader_thread(

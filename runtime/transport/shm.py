@@ -388,6 +388,7 @@ class ShmProducer:
         *,
         max_bytes: int = DEFAULT_MAX_BYTES,
         max_buffers: int = DEFAULT_MAX_BUFFERS,
+        generations: itertools.count[int] | None = None,
     ) -> None:
         if not isinstance(owner, str) or not owner:
             raise ValueError(f"producer owner {owner!r} must be a non-empty string")
@@ -401,7 +402,8 @@ class ShmProducer:
         self.prefix = validate_prefix(prefix)
         self.max_bytes = max_bytes
         self.max_buffers = max_buffers
-        self._generations = itertools.count(1)
+        # Shared with the owner's arena, if any: a generation names one buffer of the owner.
+        self._generations = generations if generations is not None else itertools.count(1)
         self._store = _Store()
         # Registered before any segment exists, so even an abandoned producer cleans up.
         self._finalizer = weakref.finalize(self, self._store.release_all)

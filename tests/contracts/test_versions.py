@@ -17,7 +17,16 @@ from runtime.contracts import (
 def test_the_wire_names_are_stable() -> None:
     assert PROTOCOL_VERSION == 1
     assert (
-        frozenset({"inline-buffers", "shm-buffers", "cancel", "placement-report", "text-stream"})
+        frozenset(
+            {
+                "inline-buffers",
+                "shm-buffers",
+                "shm-arena",
+                "cancel",
+                "placement-report",
+                "text-stream",
+            }
+        )
         == KNOWN_FEATURES
     )
 

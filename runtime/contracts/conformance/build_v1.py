@@ -62,9 +62,11 @@ FORMAT: dict[str, Any] = {
     "may be omitted (empty). No other key is allowed.",
     "descriptor": "{'owner': non-empty string (<= 256 chars), 'generation': int >= 0, "
     "'nbytes': int, 'dtype': name, 'shape': [int, ...] (<= 64 dims), "
-    "'location': shared-memory name of 1 to 255 characters (optional)}; nbytes == prod(shape) * itemsize. "
+    "'location': shared-memory name of 1 to 255 characters (optional), "
+    "'offset': int >= 0, where the bytes start inside the arena 'location' names (optional)}; "
+    "nbytes == prod(shape) * itemsize. "
     "A descriptor with 'location' carries no inline bytes and needs 'shm-buffers' in "
-    "'required'.",
+    "'required'; one with 'offset' also needs 'shm-arena'.",
     "dtypes": {
         "bool": 1,
         "int8": 1,
@@ -83,6 +85,7 @@ FORMAT: dict[str, Any] = {
         "cancel",
         "inline-buffers",
         "placement-report",
+        "shm-arena",
         "shm-buffers",
         "text-stream",
     ],
@@ -351,6 +354,18 @@ def _valid(f: _Fixtures) -> None:
             (
                 _header("tensor", required=["shm-buffers"], buffers=[shm, inline]),
                 [None, b"\x01\x02"],
+            )
+        ],
+    )
+    arena = dict(_desc("stage.arena", "float32", [4, 4], generation=7, location="oe-arena-1"))
+    arena["offset"] = 4096
+    f.ok(
+        "ok/arena_descriptor",
+        "a buffer at a byte offset of a producer's persistent shared-memory arena",
+        [
+            (
+                _header("tensor", required=["shm-buffers", "shm-arena"], buffers=[arena]),
+                [None],
             )
         ],
     )
@@ -745,6 +760,26 @@ def _errors(f: _Fixtures) -> None:
         "shared memory with other features but not 'shm-buffers'",
         with_desc(changed(location="oe-shm-1"), required=["cancel"]),
     )
+    e(
+        code,
+        "offset_without_location",
+        "an arena offset on an inline buffer",
+        with_desc(changed(offset=0), b"\x00", required=["shm-arena"]),
+    )
+    e(
+        code,
+        "offset_float",
+        "an arena offset of 1.0",
+        with_desc(
+            changed(location="oe-arena-1", offset=1.0), required=["shm-buffers", "shm-arena"]
+        ),
+    )
+    e(
+        code,
+        "arena_without_feature",
+        "an arena offset without 'shm-arena' in 'required'",
+        with_desc(changed(location="oe-arena-1", offset=0), required=["shm-buffers"]),
+    )
 
     code = "bad_dtype"
     for name, dtype in [
@@ -767,6 +802,12 @@ def _errors(f: _Fixtures) -> None:
         "dim_with_zero",
         "dimension -1 beside a zero",
         with_desc(changed(nbytes=0, shape=[0, -1])),
+    )
+    e(
+        code,
+        "arena_offset",
+        "arena offset -1",
+        with_desc(changed(location="oe-arena-1", offset=-1), required=["shm-buffers", "shm-arena"]),
     )
 
     code = "length_overflow"
