@@ -101,6 +101,26 @@ def matmul_model(
     return finish_model(graph), {"x": x}
 
 
+def scale_model(
+    elements: int, factor: float = 2.0
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """``y = x * factor`` over float32 [1, elements]: one pass over the tensor, no state."""
+    x = np.linspace(-1.0, 1.0, elements, dtype=np.float32).reshape(1, -1)
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "factor"], ["y"], name="scale")],
+        "bench_scale",
+        [_float("x", (1, elements))],
+        [_float("y", (1, elements))],
+        initializer=[numpy_helper.from_array(np.array(factor, np.float32), "factor")],
+    )
+    return finish_model(graph), {"x": x}
+
+
+def pass_y_as_x(outputs: Mapping[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
+    """Handoff of a chain of :func:`scale_model` stages: one stage's ``y`` is the next's ``x``."""
+    return {"tensors": {"x": outputs["y"]}}
+
+
 def fan_out_model(
     elements: int = HANDOFF_ELEMENTS,
 ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
