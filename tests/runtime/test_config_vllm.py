@@ -24,8 +24,9 @@ from runtime.config import (
     parse_pipeline,
 )
 from runtime.contracts.llm_messages import EngineArgs, SamplingSpec
-from runtime.engine.program import TEXT_INPUT, TextProgram, input_kind, load_program
+from runtime.engine.program import TextProgram, load_program
 from runtime.errors import EXIT_USAGE, ConfigError
+from runtime.pipeline_input import TEXT_INPUT, input_kind
 
 MiB = 1 << 20
 REPO = Path(__file__).resolve().parents[2]
