@@ -286,8 +286,8 @@ class PipelineInfo:
 
 
 @dataclass(frozen=True, slots=True)
-class AudioChunk:
-    """One chunk of streamed PCM (mono float32) of a request."""
+class ReceivedAudio:
+    """One chunk of a request's streamed PCM (mono float32), as the studio received it."""
 
     request_id: str
     index: int

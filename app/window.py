@@ -23,13 +23,13 @@ from app.bridge import RuntimeBridge
 from app.demos import demo_pipelines, topology_files
 from app.inputs import InputFileError, read_inputs, read_npz
 from app.models import (
-    AudioChunk,
     ErrorAction,
     ErrorInfo,
     InputKind,
     LedgerView,
     PipelineInfo,
     PlanView,
+    ReceivedAudio,
     RunOutcome,
     RunState,
     TopologyView,
@@ -382,7 +382,7 @@ class MainWindow(QMainWindow):
         self.run_pane.show_plan(plan)
         self.plan_panel.show_plan(plan)
 
-    def _on_audio(self, chunk: AudioChunk) -> None:
+    def _on_audio(self, chunk: ReceivedAudio) -> None:
         try:
             self.output.add_audio(chunk)
         except ValueError as exc:

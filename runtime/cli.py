@@ -173,8 +173,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from .api import Omni
     from .config import load_pipeline
-    from .engine.program import TEXT_INPUT, input_kind
     from .errors import EXIT_FAILED, UsageError
+    from .pipeline_input import TEXT_INPUT, input_kind
 
     config = load_pipeline(args.pipeline)
     kind = input_kind(config)
@@ -256,11 +256,10 @@ def _run_text(args: argparse.Namespace, config: PipelineConfig) -> int:
     """``run --text``: stream the text to stdout as it arrives; write or play the audio."""
     import contextlib
 
-    import numpy as np
-
     from .api import Omni
     from .audio import AudioPlayer, WavWriter
     from .contracts import new_request_id
+    from .engine.outputs import AudioChunk
     from .errors import UsageError
 
     out = Path(args.out) if args.out else None
@@ -294,16 +293,16 @@ def _run_text(args: argparse.Namespace, config: PipelineConfig) -> int:
                 sys.stdout.write(_printable(output.text))
                 sys.stdout.flush()
                 streamed = True
-            pcm = output.outputs.get("pcm")
-            if not isinstance(pcm, np.ndarray) or pcm.ndim != 1 or not pcm.size:
+            chunk = AudioChunk.from_output(output)
+            if chunk is None or not chunk.pcm.size:
                 continue
-            rate = int(output.outputs["sample_rate"])
-            samples += int(pcm.size)
+            rate = chunk.sample_rate
+            samples += chunk.pcm.size
             if out is not None:
                 if writer is None:
                     out.mkdir(parents=True, exist_ok=True)
                     writer = stack.enter_context(WavWriter(out / f"{request_id}.wav", rate))
-                writer.write(pcm)
+                writer.write(chunk.pcm)
             if args.play:
                 if player is None:
                     player = AudioPlayer(
@@ -311,7 +310,7 @@ def _run_text(args: argparse.Namespace, config: PipelineConfig) -> int:
                     )
                     player.start()
                     stack.callback(player.stop)
-                player.feed(np.asarray(pcm, dtype=np.float32))
+                player.feed(chunk.pcm)
         if streamed:
             sys.stdout.write("\n")
             sys.stdout.flush()
@@ -440,6 +439,7 @@ def cmd_speak(args: argparse.Namespace) -> int:
     from .adapters.speak import speak_interruptibly
     from .adapters.tts import SpeechAdapter
     from .api import Omni
+    from .engine.outputs import AudioChunk
     from .engine.program import load_program
     from .errors import UsageError
 
@@ -472,7 +472,8 @@ def cmd_speak(args: argparse.Namespace) -> int:
     heard: list[bool] = []
 
     def first_audio(output: OmniRequestOutput) -> None:
-        if not heard and output.outputs["pcm"].size:
+        chunk = AudioChunk.from_output(output)
+        if not heard and chunk is not None and chunk.pcm.size:
             heard.append(True)
             _progress("speaking; press Ctrl+C to stop")
 

@@ -28,7 +28,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.models import AudioChunk, Comparison, TensorResults, TextChunk, Tolerance, compare_outputs
+from app.models import (
+    Comparison,
+    ReceivedAudio,
+    TensorResults,
+    TextChunk,
+    Tolerance,
+    compare_outputs,
+)
 from app.widgets.common import BAD, NEUTRAL, OK, StatusChip, dim, readonly_table, set_row
 
 if TYPE_CHECKING:
@@ -125,7 +132,7 @@ class WaveformView(pg.PlotWidget):  # type: ignore[misc]  # pyqtgraph has no typ
         self._chunk_lines.clear()
         self.curve.setData([], [])
 
-    def append_chunk(self, chunk: AudioChunk) -> None:
+    def append_chunk(self, chunk: ReceivedAudio) -> None:
         """Add a chunk; the curve redraws within REDRAW_MS (``grew`` fires when it has)."""
         if chunk.sample_rate <= 0:
             raise ValueError(f"chunk {chunk.chunk_index} has no sample rate")
@@ -281,7 +288,7 @@ class PlaybackControls(QWidget):
         self.output.reset()
         self.refresh()
 
-    def add_chunk(self, chunk: AudioChunk) -> None:
+    def add_chunk(self, chunk: ReceivedAudio) -> None:
         self.output.feed(chunk.pcm, chunk.sample_rate)
         if self.auto_play.isChecked() and self.available and self.output.state == "stopped":
             self.play()
@@ -548,7 +555,7 @@ class OutputArea(QWidget):
         self.request_label.setText(request_id)
         self.status.set_status("running", NEUTRAL)
 
-    def add_audio(self, chunk: AudioChunk) -> None:
+    def add_audio(self, chunk: ReceivedAudio) -> None:
         self.playback.ensure_devices()
         self.waiting.setVisible(False)
         self.tensor_box.setVisible(False)

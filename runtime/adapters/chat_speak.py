@@ -55,8 +55,10 @@ from runtime.adapters.tts import OPTION_NAMES as SPEECH_OPTION_NAMES
 from runtime.adapters.tts import SpeechAdapter
 from runtime.adapters.tts_text import SpeechInputError, split_sentences
 from runtime.config import GraphBackendConfig, LlmBackendConfig
-from runtime.engine.program import TEXT_INPUT, TextRequest, parse_text_request
-from runtime.errors import ConfigError
+from runtime.engine.outputs import AudioChunk
+from runtime.engine.program import TextRequest, parse_text_request
+from runtime.errors import ConfigError, ModelError
+from runtime.pipeline_input import TEXT_INPUT
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -287,14 +289,15 @@ class ChatSpeakProgram:
             if not speaker.done():
                 speaker.cancel()
             await asyncio.gather(speaker, return_exceptions=True)
+        closing = AudioChunk(
+            np.zeros(0, dtype=np.float32),
+            self.sample_rate,
+            chunk_index=progress.chunks,
+            sentence_index=progress.utterances,
+            sentence_samples=0,
+        )
         await ctx.emit(
-            {
-                "pcm": np.zeros(0, dtype=np.float32),
-                "sample_rate": self.sample_rate,
-                "chunk_index": progress.chunks,
-                "sentence_index": progress.utterances,
-                "sentence_samples": 0,
-            },
+            closing.to_outputs(),
             stage=ctx.stage_name(SPEECH_STAGE + 1),
             finished=True,
             text=stream.text,
@@ -323,16 +326,21 @@ class ChatSpeakProgram:
         async def forward(emitted: Emitted) -> None:
             if emitted.finished:
                 return
-            outputs = dict(emitted.outputs)
-            pcm = outputs.get("pcm")
-            outputs["chunk_index"] = progress.chunks
-            outputs["sentence_index"] = base + int(outputs.get("sentence_index", 0))
+            chunk = AudioChunk.from_outputs(emitted.outputs, source=f"{emitted.stage}'s output")
+            if chunk is None:
+                raise ModelError(f"{emitted.stage} emitted an output without 'pcm'")
+            # Renumbered over the whole request.
+            chunk = dataclasses.replace(
+                chunk,
+                chunk_index=progress.chunks,
+                sentence_index=base + (chunk.sentence_index or 0),
+            )
             progress.chunks += 1
-            if isinstance(pcm, np.ndarray) and pcm.size:
-                progress.samples += int(pcm.size)
+            if chunk.pcm.size:
+                progress.samples += chunk.pcm.size
                 if progress.first_audio_at is None:
                     progress.first_audio_at = time.perf_counter()
-            await ctx.emit(outputs, stage=emitted.stage)
+            await ctx.emit({**emitted.outputs, **chunk.to_outputs()}, stage=emitted.stage)
 
         voice = ctx.narrowed(SPEECH_STAGE, forward)
         loop = asyncio.get_running_loop()

@@ -55,6 +55,7 @@ import numpy as np
 from runtime.adapters.tts import SpeechAdapter
 from runtime.audio import AudioDeviceError, AudioPlayer, WavWriter
 from runtime.contracts import new_request_id
+from runtime.engine.outputs import AudioChunk
 from runtime.errors import OmniError, RequestCancelled, UsageError
 
 if TYPE_CHECKING:
@@ -499,21 +500,21 @@ def _consume(
     for output in outputs:
         if cancel.requested:
             raise RequestCancelled("speech was cancelled")
-        pcm = output.outputs.get("pcm")
-        if not isinstance(pcm, np.ndarray) or pcm.ndim != 1 or pcm.dtype != np.float32:
+        chunk = AudioChunk.from_output(output)
+        if chunk is None:
             raise UsageError(
-                f"output {output.index} of {output.request_id} has no 1-D float32 'pcm'; the "
-                "pipeline is not a speech pipeline"
+                f"output {output.index} of {output.request_id} has no 'pcm'; the pipeline is "
+                "not a speech pipeline"
             )
-        if pcm.size:
-            clock.chunk(pcm.size)
+        if chunk.pcm.size:
+            clock.chunk(chunk.pcm.size)
             if writer is not None:
-                writer.write(pcm)
+                writer.write(chunk.pcm)
             if feeder is not None:
                 feeder.put(
-                    pcm,
-                    int(output.outputs.get("sentence_index", -1)),
-                    int(output.outputs.get("sentence_samples", 0)),
+                    chunk.pcm,
+                    -1 if chunk.sentence_index is None else chunk.sentence_index,
+                    chunk.sentence_samples or 0,
                 )
         if on_chunk is not None:
             on_chunk(output)

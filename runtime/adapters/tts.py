@@ -75,6 +75,7 @@ from runtime.adapters.voice_export import (
     read_voice_bundles,
 )
 from runtime.config import GraphBackendConfig
+from runtime.engine.outputs import AudioChunk
 from runtime.errors import ConfigError, ModelError
 
 if TYPE_CHECKING:
@@ -354,16 +355,14 @@ class SpeechAdapter:
                     if chunk.index == len(chunks) - 1 and not last and self._silence.size:
                         pcm = np.concatenate([pcm, self._silence])
                     timeline.audio_emitted(pcm.size)
-                    await ctx.emit(
-                        {
-                            "pcm": pcm,
-                            "sample_rate": self.sample_rate,
-                            "chunk_index": timeline.chunks - 1,
-                            "sentence_index": index,
-                            "sentence_samples": samples,
-                        },
-                        stage=ctx.stage_name(DECODER_STAGE),
+                    audio_chunk = AudioChunk(
+                        pcm,
+                        self.sample_rate,
+                        chunk_index=timeline.chunks - 1,
+                        sentence_index=index,
+                        sentence_samples=samples,
                     )
+                    await ctx.emit(audio_chunk.to_outputs(), stage=ctx.stage_name(DECODER_STAGE))
                     if chunk.index == 0 and not last and self.options.overlap_sentences:
                         # The next utterance's acoustic call overlaps this one's decoding.
                         prefetched = asyncio.ensure_future(
@@ -373,14 +372,15 @@ class SpeechAdapter:
             if prefetched is not None:
                 prefetched.cancel()
                 await asyncio.gather(prefetched, return_exceptions=True)
+        closing = AudioChunk(
+            np.zeros(0, dtype=np.float32),
+            self.sample_rate,
+            chunk_index=timeline.chunks,
+            sentence_index=len(sentences),
+            sentence_samples=0,
+        )
         await ctx.emit(
-            {
-                "pcm": np.zeros(0, dtype=np.float32),
-                "sample_rate": self.sample_rate,
-                "chunk_index": timeline.chunks,
-                "sentence_index": len(sentences),
-                "sentence_samples": 0,
-            },
+            closing.to_outputs(),
             stage=ctx.stage_name(DECODER_STAGE),
             finished=True,
             metrics=self._metrics(timeline, plan),

@@ -1,4 +1,5 @@
-"""What a request yields: ``OmniRequestOutput`` and the thread-safe stream that carries it."""
+"""What a request yields: ``OmniRequestOutput``, the thread-safe stream that carries it, and
+``AudioChunk``, the audio an output of a speaking pipeline carries."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from runtime.errors import ModelError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -55,6 +58,81 @@ class OmniRequestOutput:
             release, self._release = self._release, None
         if release is not None:
             release()
+
+
+@dataclass(frozen=True, slots=True)
+class AudioChunk:
+    """The audio of one output: ``pcm`` (mono float32, 1-D; empty on a speaking pipeline's
+    final output), its ``sample_rate``, and the indices a speech program numbers it with
+    (``chunk_index`` over the request, ``sentence_index``, ``sentence_samples``: the length of
+    the sentence's whole audio), None where the output does not carry them.
+
+    ``pcm`` is the output's own array, not a copy: copy it to keep it after the output is
+    released.
+    """
+
+    pcm: np.ndarray
+    sample_rate: int
+    chunk_index: int | None = None
+    sentence_index: int | None = None
+    sentence_samples: int | None = None
+
+    @classmethod
+    def from_output(cls, output: OmniRequestOutput) -> AudioChunk | None:
+        """The output's audio, or None when it carries no ``pcm``; :class:`ModelError` when
+        its ``pcm`` or the numbers beside it are not what a speaking program emits."""
+        return cls.from_outputs(
+            output.outputs, source=f"output {output.index} of {output.request_id}"
+        )
+
+    @classmethod
+    def from_outputs(
+        cls, outputs: Mapping[str, object], *, source: str = "an output"
+    ) -> AudioChunk | None:
+        """:meth:`from_output` for the arrays of an output (as a program emits them)."""
+        pcm = outputs.get("pcm")
+        if pcm is None:
+            return None
+        if not isinstance(pcm, np.ndarray) or pcm.ndim != 1 or pcm.dtype != np.float32:
+            shape = f"{pcm.dtype} {pcm.shape}" if isinstance(pcm, np.ndarray) else type(pcm)
+            raise ModelError(f"{source}: 'pcm' is {shape}; expected a 1-D float32 array")
+        rate = _one_int(outputs, "sample_rate", source)
+        if rate is None or rate <= 0:
+            raise ModelError(f"{source}: 'sample_rate' is {rate}; expected a positive number")
+        return cls(
+            pcm=pcm,
+            sample_rate=rate,
+            chunk_index=_one_int(outputs, "chunk_index", source),
+            sentence_index=_one_int(outputs, "sentence_index", source),
+            sentence_samples=_one_int(outputs, "sentence_samples", source),
+        )
+
+    def to_outputs(self) -> dict[str, Any]:
+        """The arrays of an output carrying this audio (the indices that are not None)."""
+        outputs: dict[str, Any] = {"pcm": self.pcm, "sample_rate": self.sample_rate}
+        for name in ("chunk_index", "sentence_index", "sentence_samples"):
+            value = getattr(self, name)
+            if value is not None:
+                outputs[name] = value
+        return outputs
+
+    @property
+    def duration_s(self) -> float:
+        return self.pcm.size / self.sample_rate
+
+
+#: Names of the arrays :class:`AudioChunk` reads from an output.
+AUDIO_KEYS = frozenset({"pcm", "sample_rate", "chunk_index", "sentence_index", "sentence_samples"})
+
+
+def _one_int(outputs: Mapping[str, object], name: str, source: str) -> int | None:
+    value = outputs.get(name)
+    if value is None:
+        return None
+    array = np.asarray(value)
+    if array.size != 1 or array.dtype.kind not in "iuf":
+        raise ModelError(f"{source}: {name!r} is {array.dtype} {array.shape}; expected one number")
+    return int(array.reshape(()).item())
 
 
 class _End:

@@ -33,6 +33,7 @@ from runtime.engine.events import EventBus, RequestOutputReady, StageCallFinishe
 from runtime.engine.outputs import OmniRequestOutput
 from runtime.engine.stages import GraphStage, LlmStage, StageHandle
 from runtime.errors import ModelError, RequestCancelled, UsageError
+from runtime.pipeline_input import TENSOR_INPUT, TEXT_INPUT
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -47,9 +48,6 @@ Transform = Callable[[Mapping[str, np.ndarray]], Mapping[str, Any]]
 
 #: Outputs a request may have delivered but not yet acknowledged before ``emit`` waits.
 DEFAULT_WINDOW = 8
-#: What a pipeline's requests are (``input_kind``): text, or a mapping of tensors.
-TEXT_INPUT: Final = "text"
-TENSOR_INPUT: Final = "tensors"
 #: The per-request sampling options a caller may give (:class:`SamplingSpec`'s fields).
 SAMPLING_OPTIONS: Final = tuple(field.name for field in dataclasses.fields(SamplingSpec))
 #: The longest prompt a text request may have, in characters.
@@ -641,25 +639,6 @@ class TextProgram:
         await ctx.emit(
             {}, stage=stage, finished=True, text=stream.text, metrics=stream.metrics(), wait=False
         )
-
-
-def input_kind(config: PipelineConfig) -> str:
-    """What the pipeline's requests are, known before anything starts: ``text`` or ``tensors``.
-
-    A graph chain takes tensors and a lone language model text; an adapter takes text unless
-    its class says ``input_kind = "tensors"``.
-    """
-    if config.adapter is None:
-        first = config.stages[0].backend
-        return TEXT_INPUT if isinstance(first, LlmBackendConfig) else TENSOR_INPUT
-    factory = resolve_callable(
-        config.adapter.name,
-        file=str(config.source),
-        line=config.adapter.line,
-        key="adapter.name",
-    )
-    declared = getattr(factory, "input_kind", TEXT_INPUT)
-    return TENSOR_INPUT if declared == TENSOR_INPUT else TEXT_INPUT
 
 
 def load_program(config: PipelineConfig) -> PipelineProgram:

@@ -29,10 +29,11 @@ LIBJACK_METADATA = Path("/dev/shm") / f"jack_db-{os.getuid()}"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every studio test drives real Qt widgets."""
+    """Every studio test drives real Qt widgets, except the presenters' (no QApplication)."""
     here = Path(__file__).parent
     for item in items:
-        if here in Path(str(item.fspath)).parents:
+        path = Path(str(item.fspath))
+        if here in path.parents and not path.name.startswith("test_presenters"):
             item.add_marker(pytest.mark.gui)
 
 

@@ -81,6 +81,10 @@ def _runtime_imports(path: Path) -> set[str]:
     return {name for name in names if name.startswith("runtime")}
 
 
+#: The engine modules the presenters may read: values, nothing that runs the engine.
+ENGINE_VALUES = {"runtime.engine.events", "runtime.engine.outputs"}
+
+
 def test_only_the_bridge_imports_the_runtime_engine() -> None:
     offenders = {}
     for path in sorted(APP.rglob("*.py")):
@@ -91,6 +95,9 @@ def test_only_the_bridge_imports_the_runtime_engine() -> None:
             for name in _runtime_imports(path)
             if name.startswith(("runtime.engine", "runtime.api"))
         }
+        if path.name == "presenters.py":
+            assert engine == ENGINE_VALUES  # it reads events and outputs
+            engine -= ENGINE_VALUES
         if engine:
             offenders[str(path.relative_to(APP.parent))] = sorted(engine)
     assert offenders == {}

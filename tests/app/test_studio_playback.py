@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.models import AudioChunk
+from app.models import ReceivedAudio
 from app.playback import AudioOutput
 from app.widgets.output import OutputArea
 from runtime.audio import open_stream_count, rescan_output_devices
@@ -56,7 +56,7 @@ def test_audio_plays_as_it_arrives_and_stops_cleanly(alsa_null: None, qtbot: Any
     playback.auto_play.setChecked(True)
     area.new_run()
     for index in range(3):
-        area.add_audio(AudioChunk("r", index, index, _tone(0.2), RATE, 0.1 * index))
+        area.add_audio(ReceivedAudio("r", index, index, _tone(0.2), RATE, 0.1 * index))
     assert output.state in ("playing", "finished")
     area.finished("completed", "")
     # A null device drains at once; the controls notice the end and close the stream.

@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.bridge import RequestTracker, output_items
-from app.models import AudioChunk, RequestMetrics, StageTiming, TextChunk
+from app.models import ReceivedAudio, RequestMetrics, StageTiming, TextChunk
 from app.playback import AudioOutput
+from app.presenters import RequestTracker, output_items
 from app.widgets.metrics import MetricsPanel
 from app.widgets.output import OutputArea, StreamingTextView, WaveformView
 from runtime.engine.outputs import OmniRequestOutput
@@ -43,7 +43,7 @@ def test_the_waveform_grows_with_each_chunk(qtbot: Any) -> None:
     drawn = []
     for index, output in enumerate(_speech_outputs(4)):
         (chunk,) = output_items(output, received_s=0.1 * (index + 1))
-        assert isinstance(chunk, AudioChunk)
+        assert isinstance(chunk, ReceivedAudio)
         with qtbot.waitSignal(waveform.grew, timeout=2000) as blocker:
             waveform.append_chunk(chunk)
         drawn.append(blocker.args[0])
@@ -61,11 +61,11 @@ def test_the_waveform_grows_with_each_chunk(qtbot: Any) -> None:
 def test_the_waveform_refuses_a_chunk_at_another_sample_rate(qtbot: Any) -> None:
     waveform = WaveformView()
     qtbot.addWidget(waveform)
-    waveform.append_chunk(AudioChunk("r", 0, 0, np.zeros(100, np.float32), RATE, 0.0))
+    waveform.append_chunk(ReceivedAudio("r", 0, 0, np.zeros(100, np.float32), RATE, 0.0))
     with pytest.raises(ValueError, match="at 16000 Hz, earlier chunks at 22050 Hz"):
-        waveform.append_chunk(AudioChunk("r", 1, 1, np.zeros(100, np.float32), 16000, 0.1))
+        waveform.append_chunk(ReceivedAudio("r", 1, 1, np.zeros(100, np.float32), 16000, 0.1))
     with pytest.raises(ValueError, match="no sample rate"):
-        waveform.append_chunk(AudioChunk("r", 2, 2, np.zeros(100, np.float32), 0, 0.1))
+        waveform.append_chunk(ReceivedAudio("r", 2, 2, np.zeros(100, np.float32), 0, 0.1))
 
 
 def test_streamed_text_accepts_cumulative_and_delta_chunks(qtbot: Any) -> None:
@@ -133,13 +133,13 @@ def test_playback_controls_follow_the_devices_and_the_audio(qtbot: Any) -> None:
     assert not playback.pause_button.isEnabled()
     if devices:
         assert playback.device_box.count() == len(devices)
-        area.add_audio(AudioChunk("r", 0, 0, np.zeros(2205, np.float32), RATE, 0.0))
+        area.add_audio(ReceivedAudio("r", 0, 0, np.zeros(2205, np.float32), RATE, 0.0))
         assert playback.play_button.isEnabled() or playback.output.state == "playing"
     else:
         # No sound device here: the picker says so and why, and nothing can be played.
         assert playback.device_box.currentText().startswith("No output device")
         assert not playback.auto_play.isEnabled()
-        area.add_audio(AudioChunk("r", 0, 0, np.zeros(2205, np.float32), RATE, 0.0))
+        area.add_audio(ReceivedAudio("r", 0, 0, np.zeros(2205, np.float32), RATE, 0.0))
         assert not playback.play_button.isEnabled()
 
 

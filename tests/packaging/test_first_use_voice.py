@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from app.bridge import export_missing_voices, missing_voices
 from runtime.assets import ASSETS_ENV
+from runtime.pipeline_files import export_missing_voices, missing_voices
 from tests.helpers.distributions import REPO
 
 SPEAK = REPO / "assets" / "pipelines" / "speak.yaml"

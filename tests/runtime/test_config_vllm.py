@@ -24,8 +24,9 @@ from runtime.config import (
     parse_pipeline,
 )
 from runtime.contracts.llm_messages import EngineArgs, SamplingSpec
-from runtime.engine.program import TEXT_INPUT, TextProgram, input_kind, load_program
+from runtime.engine.program import TextProgram, load_program
 from runtime.errors import EXIT_USAGE, ConfigError
+from runtime.pipeline_input import TEXT_INPUT, example_text, input_kind
 
 MiB = 1 << 20
 REPO = Path(__file__).resolve().parents[2]
@@ -232,6 +233,7 @@ def test_a_remote_route_has_default_timeouts_and_no_key(tmp_path: Path) -> None:
 def test_a_lone_language_model_stage_takes_text(tmp_path: Path) -> None:
     config = load_pipeline(write(tmp_path, pipeline(LOCAL)))
     assert input_kind(config) == TEXT_INPUT
+    assert example_text(config) is None  # no adapter offers one
     program = load_program(config)
     assert isinstance(program, TextProgram)
     request = program.prepare({"text": "Hello", "max_tokens": 4, "stop": ["."]})
@@ -254,6 +256,7 @@ def test_the_chat_speak_demo_parses(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert llm.engine_args.max_num_seqs >= 2
     assert [acoustic.is_graph, decoder.is_graph] == [True, True]
     assert input_kind(config) == TEXT_INPUT
+    assert example_text(config) == "Tell me a short story about a river and a mountain."
 
 
 # --- what is refused ----------------------------------------------------------------------

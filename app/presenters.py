@@ -1,0 +1,541 @@
+"""What the studio's widgets show, computed from runtime values; no Qt, no threads.
+
+The bridge (:mod:`app.bridge`) receives the runtime's callbacks and hands what they carry to
+these functions: device topologies, ledger snapshots, bundle reports, plans, execution plans,
+runtime events, errors and request outputs become the plain values of :mod:`app.models`;
+:class:`RunMetrics` accumulates the current request's metrics. :func:`describe_pipeline` reads
+and verifies a pipeline's files, so the bridge calls it on its control thread. Nothing here
+subscribes to the runtime or waits on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from app.models import (
+    BudgetRow,
+    DeviceView,
+    ErrorAction,
+    ErrorInfo,
+    ExecutionView,
+    FileView,
+    InputKind,
+    LedgerRow,
+    LedgerView,
+    MachineConstraintView,
+    ManifestView,
+    PipelineInfo,
+    PlanView,
+    ReceivedAudio,
+    RequestMetrics,
+    ReservationView,
+    StageExecutionView,
+    StagePlanView,
+    StageTiming,
+    TensorResults,
+    TextChunk,
+    TopologyView,
+)
+from runtime.artifacts import load_example_inputs, verify_bundle
+from runtime.config import GraphBackendConfig, load_pipeline
+from runtime.devices import DISCOVERED, DeviceSelection
+from runtime.engine.events import (
+    Event,
+    PipelineClosed,
+    PipelineReady,
+    RequestAdmitted,
+    RequestFinished,
+    StageCallFinished,
+    StageReady,
+    StageStarting,
+    WorkerRetired,
+)
+from runtime.engine.outputs import AUDIO_KEYS, AudioChunk
+from runtime.errors import (
+    AdmissionRefused,
+    ConfigError,
+    DeviceExcluded,
+    OmniError,
+    PlacementRefused,
+    ResourceUnavailable,
+    UsageError,
+    VerificationError,
+    WorkerDied,
+)
+from runtime.pipeline_files import is_manifest_path, pipeline_for_bundle
+from runtime.pipeline_input import TENSOR_INPUT, example_text, input_kind
+from runtime.planning import plan_pipeline
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from runtime.artifacts import BundleReport
+    from runtime.config import PipelineConfig
+    from runtime.devices import Topology
+    from runtime.engine.outputs import OmniRequestOutput
+    from runtime.ledger import LedgerSnapshot
+    from runtime.planning import PipelinePlan
+
+#: What a text pipeline offers to say when its adapter names no example.
+DEFAULT_TEXT = "Hello! This is Omni Edge Studio, speaking on the devices of this computer."
+#: The warning the studio shows when a pipeline is opened during a run.
+RUN_IN_PROGRESS = ErrorInfo(
+    "A run is in progress",
+    "Cancel it (Esc) or wait for it to finish before opening another pipeline.",
+    kind="warning",
+)
+#: Arrays of a request output that carry streamed audio or text rather than tensors.
+STREAM_KEYS = AUDIO_KEYS | {"text"}
+
+
+def topology_view(
+    topology: Topology, selection: DeviceSelection, selection_file: Path
+) -> TopologyView:
+    if topology.source == DISCOVERED:
+        title = topology.name or "This machine"
+    else:
+        title = topology.name or Path(topology.source).stem
+    return TopologyView(
+        source=topology.source,
+        title=title,
+        wsl=topology.wsl,
+        devices=tuple(
+            DeviceView(
+                physical_id=device.physical_id,
+                name=device.name,
+                kind=device.kind.value,
+                providers=tuple(device.providers),
+                constraints=tuple(
+                    dict.fromkeys(
+                        name
+                        for domain in topology.domains[device.physical_id]
+                        for name in topology.charges(device.physical_id, domain)
+                    )
+                ),
+                allowed=selection.allows(device.physical_id),
+            )
+            for device in topology.devices
+        ),
+        constraints=tuple(
+            MachineConstraintView(
+                name=name,
+                capacity=info.capacity,
+                observed_free=info.observed_free,
+                devices=tuple(info.devices),
+            )
+            for name, info in topology.constraints.items()
+        ),
+        notes=tuple(topology.notes),
+        selection_file=str(selection_file),
+        all_allowed=selection.allowed is None,
+    )
+
+
+def ledger_view(snapshot: LedgerSnapshot) -> LedgerView:
+    return LedgerView(
+        rows=tuple(
+            LedgerRow(state.name, state.capacity, state.reserved, state.quarantined)
+            for state in snapshot.constraints.values()
+        ),
+        reservations=tuple(
+            ReservationView(r.id, r.owner, r.stage, dict(r.amounts)) for r in snapshot.reservations
+        ),
+        quarantined=tuple(
+            ReservationView(
+                q.reservation.id,
+                q.reservation.owner,
+                q.reservation.stage,
+                dict(q.reservation.amounts),
+                q.reason,
+            )
+            for q in snapshot.quarantined
+        ),
+        version=snapshot.version,
+    )
+
+
+def manifest_view(stage: str, report: BundleReport) -> ManifestView:
+    manifest = report.manifest
+    metadata: tuple[tuple[str, object], ...] = ()
+    if manifest is not None:
+        metadata = tuple((str(key), value) for key, value in sorted(manifest.metadata.items()))
+    return ManifestView(
+        stage=stage,
+        manifest_path=str(report.manifest_path),
+        component=None if manifest is None else manifest.component,
+        identity=None if manifest is None else manifest.identity,
+        ok=report.ok,
+        files=tuple(
+            FileView(
+                name=check.name,
+                status=check.status,
+                expected_sha256=check.expected_sha256,
+                actual_sha256=check.actual_sha256,
+                size=check.size,
+                detail=check.detail,
+            )
+            for check in report.files
+        ),
+        metadata=metadata,
+        errors=tuple(str(error) for error in report.errors),
+    )
+
+
+def plan_view(plan: PipelinePlan) -> PlanView:
+    return PlanView(
+        admitted=plan.admitted,
+        topology=plan.topology.source,
+        stages=tuple(
+            StagePlanView(
+                name=stage.name,
+                backend=stage.backend,
+                route=str(stage.route.get("name", "")),
+                ep=str(stage.route.get("ep", "")),
+                os_domain=str(stage.route.get("os_domain", "")),
+                device=stage.device,
+                demands=dict(stage.demands),
+                allowed_providers=tuple(stage.route.get("allowed_providers", ())),
+                min_fraction_on_target=float(stage.route.get("min_fraction_on_target", 1.0)),
+            )
+            for stage in plan.stages
+        ),
+        budget=tuple(
+            BudgetRow(
+                constraint=row.constraint,
+                declared=row.declared,
+                capacity=row.capacity,
+                in_use=row.in_use,
+                total=row.total,
+                headroom=row.headroom,
+                fits=row.fits,
+                demands=dict(row.demands),
+            )
+            for row in plan.budget.constraints
+        ),
+        refusals=tuple(plan.refusals),
+        warnings=tuple(plan.warnings),
+    )
+
+
+def _optional_float(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def execution_view(plan: Mapping[str, Any]) -> ExecutionView:
+    stages = []
+    for record in plan.get("stages", ()):
+        worker = record.get("worker") or {}
+        route = record.get("route") or {}
+        placement = record.get("placement") or {}
+        reservation = record.get("reservation") or {}
+        stages.append(
+            StageExecutionView(
+                name=str(record.get("stage", "")),
+                route=str(route.get("name", "")),
+                ep=str(route.get("ep", "")),
+                pid=worker.get("pid"),
+                generation=int(worker.get("generation", 0)),
+                provider_counts=dict(placement.get("counts", {})),
+                total_nodes=int(placement.get("total_nodes", 0)),
+                fraction_on_target=_optional_float(placement.get("fraction_on_target")),
+                target_provider=placement.get("target_provider"),
+                placement_method=placement.get("method"),
+                reservation_id=reservation.get("id"),
+                reservation=dict(reservation.get("amounts", {})),
+                load_s=_optional_float(record.get("load_s")),
+                warmup_s=_optional_float(record.get("warmup_s")),
+                worker_rss_bytes=record.get("worker_rss_bytes"),
+                usable=bool(record.get("usable", True)),
+            )
+        )
+    return ExecutionView(
+        pipeline=str(plan.get("pipeline", "")),
+        label=str(plan.get("label", "")),
+        stages=tuple(stages),
+    )
+
+
+_ERROR_KINDS: tuple[tuple[type[BaseException], str, ErrorAction | None], ...] = (
+    (AdmissionRefused, "Not enough memory for this plan", ErrorAction.OPEN_DEVICES),
+    (DeviceExcluded, "A stage's device is not available", ErrorAction.OPEN_DEVICES),
+    (
+        PlacementRefused,
+        "A stage would run somewhere other than its route declares",
+        ErrorAction.SHOW_PLAN,
+    ),
+    (VerificationError, "A bundle failed verification", ErrorAction.SHOW_MANIFEST),
+    (ConfigError, "The pipeline file is not valid", None),
+    (WorkerDied, "A worker process died", ErrorAction.SHOW_LOG),
+    (ResourceUnavailable, "The pipeline is busy", None),
+    (UsageError, "The request was not accepted", None),
+)
+
+
+def _causes(error: BaseException) -> list[BaseException]:
+    """The error and what caused it (``cause`` attributes, then ``__cause__``), first first."""
+    chain: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and current not in chain:
+        chain.append(current)
+        nested = getattr(current, "cause", None)
+        current = nested if isinstance(nested, BaseException) else current.__cause__
+    return chain
+
+
+def error_info(error: BaseException) -> ErrorInfo:
+    """What the banner says about a runtime error, and the action that helps."""
+    chain = _causes(error)
+    for kind, title, action in _ERROR_KINDS:
+        for link in chain:
+            if isinstance(link, kind):
+                return ErrorInfo(title, str(error), action, type(link).__name__)
+    if isinstance(error, OmniError):
+        return ErrorInfo("The run failed", str(error), ErrorAction.SHOW_LOG, type(error).__name__)
+    return ErrorInfo(
+        f"Unexpected {type(error).__name__}", str(error), ErrorAction.SHOW_LOG, type(error).__name__
+    )
+
+
+def _as_text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, np.ndarray):
+        if value.size == 1:
+            return _as_text(value.reshape(()).item())
+        return "".join(_as_text(item) for item in value.reshape(-1).tolist())
+    return str(value)
+
+
+def output_items(
+    output: OmniRequestOutput, received_s: float
+) -> list[ReceivedAudio | TextChunk | TensorResults]:
+    """Turn one request output into studio values (copies; the output may be released after).
+
+    Its non-empty audio (:meth:`AudioChunk.from_output <runtime.engine.outputs.AudioChunk.from_output>`,
+    which raises :class:`~runtime.errors.ModelError` for malformed audio) becomes
+    :class:`ReceivedAudio`; ``text`` a :class:`TextChunk`; any other arrays of an output that
+    carries neither become :class:`TensorResults`.
+    """
+    outputs = output.outputs
+    items: list[ReceivedAudio | TextChunk | TensorResults] = []
+    audio = AudioChunk.from_output(output)
+    # A stream may close with an empty chunk (its last output carries only metrics).
+    if audio is not None and audio.pcm.size:
+        items.append(
+            ReceivedAudio(
+                request_id=output.request_id,
+                index=output.index,
+                chunk_index=output.index if audio.chunk_index is None else audio.chunk_index,
+                pcm=audio.pcm.copy(),
+                sample_rate=audio.sample_rate,
+                received_s=received_s,
+            )
+        )
+    text = outputs.get("text")
+    if text is not None:
+        items.append(TextChunk(output.request_id, output.index, _as_text(text), output.finished))
+    if audio is None and text is None:
+        arrays = {
+            name: np.array(value, copy=True)
+            for name, value in outputs.items()
+            if name not in STREAM_KEYS and isinstance(value, np.ndarray)
+        }
+        if arrays:
+            items.append(TensorResults(output.request_id, output.stage, arrays))
+    return items
+
+
+@dataclass
+class RequestTracker:
+    """Accumulates one request's metrics from events and outputs (GUI thread only)."""
+
+    request_id: str
+    submitted_at: float  # time.monotonic()
+    first_audio_s: float | None = None
+    last_audio_s: float | None = None
+    audio_s: float = 0.0
+    chunks: int = 0
+    finished_at: float | None = None
+    status: str = "running"
+    stages: dict[str, StageTiming] = field(default_factory=dict)
+
+    def add_call(self, stage: str, queue_s: float, run_s: float, transfer_s: float) -> None:
+        old = self.stages.get(stage) or StageTiming(stage, 0, 0.0, 0.0, 0.0)
+        self.stages[stage] = StageTiming(
+            stage,
+            old.calls + 1,
+            old.queue_s + queue_s,
+            old.run_s + run_s,
+            old.transfer_s + transfer_s,
+        )
+
+    def add_audio(self, chunk: ReceivedAudio) -> None:
+        if self.first_audio_s is None:
+            self.first_audio_s = chunk.received_s
+        self.audio_s += chunk.duration_s
+        self.chunks += 1
+        self.last_audio_s = chunk.received_s
+
+    def finish(self, status: str, at: float) -> None:
+        self.status = status
+        self.finished_at = at
+
+    def snapshot(self, now: float) -> RequestMetrics:
+        end = self.finished_at if self.finished_at is not None else now
+        return RequestMetrics(
+            request_id=self.request_id,
+            elapsed_s=max(0.0, end - self.submitted_at),
+            first_audio_s=self.first_audio_s,
+            audio_s=self.audio_s,
+            chunks=self.chunks,
+            stages=tuple(self.stages.values()),
+            status=self.status,
+            audio_produced_at_s=self.last_audio_s,
+        )
+
+
+class RunMetrics:
+    """The metrics of the studio's current request, fed from runtime events and outputs
+    (GUI thread only). Each method returns the metrics to show now, or None when the event
+    or output belongs to no tracked request."""
+
+    def __init__(self) -> None:
+        self.tracker: RequestTracker | None = None
+
+    def admitted(self, request_id: str, at: float) -> None:
+        self.tracker = RequestTracker(request_id, at)
+
+    def submitted(self, request_id: str, at: float) -> None:
+        """A request was handed back by ``submit``: keep the tracker its admission started."""
+        if self.tracker is None or self.tracker.request_id != request_id:
+            self.tracker = RequestTracker(request_id, at)
+
+    def call_finished(self, event: StageCallFinished, now: float) -> RequestMetrics | None:
+        tracker = self.tracker
+        if tracker is None or tracker.request_id != event.request_id:
+            return None
+        tracker.add_call(event.stage, event.queue_s, event.run_s, event.transfer_s)
+        return tracker.snapshot(now)
+
+    def received(
+        self, output: OmniRequestOutput, at: float, now: float
+    ) -> tuple[list[ReceivedAudio | TextChunk | TensorResults], RequestMetrics | None]:
+        """The studio values of an output received at ``at`` (see :func:`output_items`)."""
+        tracker = self.tracker
+        items = output_items(output, 0.0 if tracker is None else at - tracker.submitted_at)
+        if tracker is None:
+            return items, None
+        for item in items:
+            if isinstance(item, ReceivedAudio):
+                tracker.add_audio(item)
+        return items, tracker.snapshot(now)
+
+    def finished(self, status: str, now: float) -> RequestMetrics | None:
+        tracker = self.tracker
+        if tracker is None or tracker.finished_at is not None:
+            return None
+        tracker.finish(status, now)
+        return tracker.snapshot(now)
+
+
+def event_line(event: Event) -> tuple[str, str] | None:
+    """A log line (level, text) for a runtime event, or None for events not worth a line."""
+    if isinstance(event, StageStarting):
+        return "INFO", f"{event.stage}: starting on route {event.route}"
+    if isinstance(event, StageReady):
+        record = event.record
+        worker = record.get("worker") or {}
+        placement = record.get("placement") or {}
+        counts = ", ".join(
+            f"{count} on {name}" for name, count in placement.get("counts", {}).items()
+        )
+        return "INFO", (
+            f"{event.stage}: ready, worker pid {worker.get('pid')} generation "
+            f"{worker.get('generation')}; nodes: {counts or 'not reported'}"
+        )
+    if isinstance(event, PipelineReady):
+        return "INFO", f"pipeline {event.pipeline} is ready"
+    if isinstance(event, RequestAdmitted):
+        return "INFO", f"request {event.request_id} admitted{' (queued)' if event.queued else ''}"
+    if isinstance(event, StageCallFinished):
+        return "DEBUG", (
+            f"{event.stage}: call of {event.request_id} ran {event.run_s * 1e3:.2f} ms, "
+            f"transfer {event.transfer_s * 1e3:.2f} ms"
+        )
+    if isinstance(event, RequestFinished):
+        level = "WARNING" if event.status == "failed" else "INFO"
+        detail = f": {event.message}" if event.message and event.status != "completed" else ""
+        return level, f"request {event.request_id} {event.status}{detail}"
+    if isinstance(event, WorkerRetired):
+        level = "INFO" if event.confirmed_gone else "WARNING"
+        gone = "gone" if event.confirmed_gone else "NOT confirmed gone (reservation quarantined)"
+        return level, f"{event.stage}: worker pid {event.pid} retired ({event.reason}), {gone}"
+    if isinstance(event, PipelineClosed):
+        return "INFO", f"pipeline {event.pipeline} closed"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class OpenedPipeline:
+    info: PipelineInfo
+    config: PipelineConfig
+
+
+def describe_pipeline(path: Path, topology: Topology, selection: DeviceSelection) -> OpenedPipeline:
+    """Everything the studio shows before loading: config, plan, manifests, example inputs.
+
+    It reads and verifies files (the bridge calls it on its control thread); a bundle's
+    manifest or folder gets the one-stage pipeline :func:`pipeline_for_bundle` writes."""
+    bundle = is_manifest_path(path)
+    source = pipeline_for_bundle(path, topology) if bundle else path
+    config = load_pipeline(source)
+    plan = plan_pipeline(source, topology=topology, selection=selection)
+    kind = InputKind.TENSORS if input_kind(config) == TENSOR_INPUT else InputKind.TEXT
+    examples: dict[str, np.ndarray] = {}
+    first = config.stages[0].backend
+    first_report = plan.stages[0].bundle
+    if (
+        kind is InputKind.TENSORS
+        and isinstance(first, GraphBackendConfig)
+        and first_report is not None
+        and first_report.ok
+    ):
+        examples = load_example_inputs(verify_bundle(first.manifest))
+    text = example_text(config)
+    info = PipelineInfo(
+        path=source,
+        name=config.pipeline,
+        description=config.description or "",
+        origin="bundle" if bundle else "pipeline",
+        input_kind=kind,
+        stage_names=tuple(stage.name for stage in config.stages),
+        example_inputs=examples,
+        example_text=text if text is not None else DEFAULT_TEXT if kind is InputKind.TEXT else "",
+        plan=plan_view(plan),
+        manifests=tuple(
+            manifest_view(stage.name, stage.bundle)
+            for stage in plan.stages
+            if stage.bundle is not None
+        ),
+    )
+    return OpenedPipeline(info, config)
+
+
+def toggled_selection(
+    selection: DeviceSelection, topology: Topology, physical_id: str, allowed: bool
+) -> DeviceSelection:
+    """``selection`` with one device allowed or excluded; allowing the last excluded device
+    gives the selection that allows every device (and so any device found later).
+    :class:`~runtime.errors.UsageError` for a device the topology does not have."""
+    if not allowed:
+        return selection.exclude(topology, physical_id)
+    selection = selection.allow(topology, physical_id)
+    if selection.allowed is not None and selection.allowed >= {
+        device.physical_id for device in topology.devices
+    }:
+        return DeviceSelection()
+    return selection
