@@ -1,12 +1,13 @@
 """``remote.openai.v1``: a language-model stage served by a remote OpenAI-compatible vLLM server.
 
-The client speaks plain HTTP/1.1 to the server (``vllm serve`` or anything exposing the
-same ``/v1/models`` and ``/v1/completions``), on asyncio streams from the standard
-library: no threads, no extra dependencies. Each request is its own connection, streamed
-as server-sent events (``"stream": true``) and read by :class:`RemoteDeltaStream`, which
-yields the same :class:`~runtime.backends.vllm_client.Delta` values as the local vLLM
-client. :meth:`RemoteLlmStageClient.abort` closes that request's connection, which makes
-vLLM abort the request on its side.
+The client talks to the server (``vllm serve`` or anything exposing the same ``/v1/models``
+and ``/v1/completions``) with ``httpx`` on the caller's event loop: no threads. Each
+request is its own connection (none is kept alive), streamed as server-sent events
+(``"stream": true``) decoded by :mod:`runtime.backends.openai_wire` into the same
+:class:`~runtime.backends.vllm_client.Delta` values as the local vLLM client.
+:meth:`RemoteLlmStageClient.abort` closes that request's connection, which makes vLLM
+abort the request on its side. Proxy variables and ``.netrc`` are ignored: the route's
+``url`` is where the client connects.
 
 No ledger charge: the model's memory lives on the server's machine, which this runtime
 neither measures nor manages, so a remote stage reserves nothing and has no process to
@@ -34,108 +35,82 @@ Failures, by what the caller should do:
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
 import math
 import os
 import ssl
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import SplitResult, urlsplit
 
+import httpx
+
 from runtime.backends.base import StageRecord
 from runtime.backends.llm import RequestDeltaStream, check_admission
-from runtime.backends.vllm_client import Delta, StageRetired
-from runtime.errors import (
-    ConfigError,
-    ExecutionError,
-    ModelError,
-    OmniError,
-    RequestCancelled,
-    ResourceUnavailable,
-    UsageError,
-    WorkerDied,
+from runtime.backends.openai_wire import (
+    DONE_DATA,
+    END_OF_EVENT,
+    MAX_BODY_BYTES,
+    MAX_LINE_BYTES,
+    CompletionChunk,
+    RemoteConnectionLost,
+    RemoteModelNotServed,
+    RemoteProtocolError,
+    RemoteRequestFailed,
+    RemoteUnreachable,
+    SseDecoder,
+    SseEvent,
+    SseField,
+    completion_body,
+    error_message,
+    parse_completion_event,
+    parse_model_list,
+    parse_sse_line,
 )
+from runtime.backends.vllm_client import Delta, StageRetired
+from runtime.errors import OmniError, RequestCancelled, UsageError
 
 if TYPE_CHECKING:
     from runtime.contracts import RequestKey
     from runtime.contracts.llm_messages import SamplingSpec
     from runtime.engine.events import EventBus
 
+__all__ = [
+    "BACKEND_NAME",
+    "END_OF_EVENT",
+    "MAX_LINE_BYTES",
+    "CompletionChunk",
+    "RemoteConnectionLost",
+    "RemoteDeltaStream",
+    "RemoteEndpoint",
+    "RemoteLlmStageClient",
+    "RemoteModelNotServed",
+    "RemoteProtocolError",
+    "RemoteRequestFailed",
+    "RemoteUnreachable",
+    "SseDecoder",
+    "SseEvent",
+    "SseField",
+    "completion_body",
+    "parse_completion_event",
+    "parse_sse_line",
+]
+
 log = logging.getLogger("omni.backends.remote_llm")
 
 BACKEND_NAME: Final = "remote.openai.v1"
-#: The longest HTTP header line, chunk-size line or event-stream line accepted, in bytes.
-MAX_LINE_BYTES: Final = 1 << 20
-#: The most header lines one HTTP response may have.
-MAX_HEADERS: Final = 100
-#: The largest non-streamed body read (the model list, an error reply), in bytes.
-MAX_BODY_BYTES: Final = 8 << 20
-#: The data of the event that ends an OpenAI-style stream.
-DONE_DATA: Final = "[DONE]"
-#: Event-stream fields (the WHATWG server-sent events format); any other is refused.
-SSE_FIELDS: Final = frozenset({"data", "event", "id", "retry"})
 USER_AGENT: Final = "omni-edge"
-#: How long closing a socket may take before it is abandoned to the event loop, in seconds.
-CLOSE_WAIT_S: Final = 2.0
-
-
-# -- errors ---------------------------------------------------------------------------
-
-
-class RemoteUnreachable(ResourceUnavailable):
-    """No connection to the server could be made; nothing was sent. ``url`` names it."""
-
-    def __init__(self, message: str, *, url: str) -> None:
-        super().__init__(message)
-        self.url = url
-
-
-class RemoteConnectionLost(WorkerDied):
-    """An established stream to the server broke or went silent; its output is cut short."""
-
-    def __init__(self, message: str, *, url: str) -> None:
-        super().__init__(message)
-        self.url = url
-
-
-class RemoteProtocolError(ExecutionError):
-    """The server's reply broke HTTP/1.1, server-sent events or the completion schema.
-
-    ``code`` names the rule: event stream (``not_utf8``, ``line_too_long``, ``bad_line``,
-    ``unknown_field``, ``bad_retry``), completion chunks (``bad_json``, ``bad_chunk``,
-    ``done_before_finish``), HTTP (``bad_status_line``, ``bad_header``, ``bad_chunk_size``,
-    ``not_event_stream``) and the model list (``bad_models``); ``detail`` says what was
-    wrong.
-    """
-
-    def __init__(self, message: str, *, code: str, where: str | None = None) -> None:
-        super().__init__(f"{where}: {code}: {message}" if where else f"{code}: {message}")
-        self.detail = message
-        self.code = code
-        self.where = where
-
-
-class RemoteModelNotServed(ConfigError):
-    """The server does not serve the configured model; ``offered`` lists what it does."""
-
-    def __init__(self, message: str, *, url: str, model: str, offered: tuple[str, ...]) -> None:
-        super().__init__(message, key="model")
-        self.url = url
-        self.model = model
-        self.offered = offered
-
-
-class RemoteRequestFailed(ModelError):
-    """The server refused or failed one request. ``status`` is None for an in-stream error."""
-
-    def __init__(self, message: str, *, status: int | None) -> None:
-        super().__init__(message)
-        self.status = status
+#: How httpx (h11) words a reply cut short by the server, as against a malformed one.
+_DISCONNECT_MESSAGES: Final = ("Server disconnected", "peer closed connection")
+#: h11's message prefixes for malformed replies, and the code each becomes.
+_HTTP_FAULT_CODES: Final = (
+    ("illegal status line", "bad_status_line"),
+    ("illegal header line", "bad_header"),
+    ("illegal chunk header", "bad_chunk_size"),
+)
 
 
 # -- the endpoint -----------------------------------------------------------------------
@@ -256,447 +231,33 @@ def _split_url(url: str) -> SplitResult:
     return parts
 
 
-# -- server-sent events (pure) ----------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class SseField:
-    """One line of an event stream: a field and its value; a blank line has ``name`` ''."""
-
-    name: str
-    value: str
-
-
-#: What :func:`parse_sse_line` returns for a blank line: the end of an event.
-END_OF_EVENT: Final = SseField("", "")
-
-
-@dataclass(frozen=True, slots=True)
-class SseEvent:
-    """One dispatched event: its type (``message`` unless named) and its joined data."""
-
-    event: str
-    data: str
-    id: str | None = None
-
-
-def _shown(raw: bytes | str, limit: int = 80) -> str:
-    text = repr(raw[:limit])
-    return text + ("..." if len(raw) > limit else "")
-
-
-def parse_sse_line(raw: bytes) -> SseField | None:
-    """Parse one event-stream line (without its line ending).
-
-    A blank line is :data:`END_OF_EVENT`; a comment (``:`` first) is None. One space after
-    the colon is dropped, as the format says; a line without a colon is a field with an
-    empty value. Raises :class:`RemoteProtocolError` for a line that is not UTF-8, is
-    longer than :data:`MAX_LINE_BYTES`, holds a line break or NUL, names a field outside
-    :data:`SSE_FIELDS`, or gives ``retry`` a value that is not digits.
-    """
-    if len(raw) > MAX_LINE_BYTES:
-        raise RemoteProtocolError(
-            f"an event-stream line of {len(raw)} bytes; accepted: at most {MAX_LINE_BYTES}",
-            code="line_too_long",
-        )
-    try:
-        line = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RemoteProtocolError(
-            f"event-stream line {_shown(raw)} is not UTF-8 (byte {exc.start})", code="not_utf8"
-        ) from None
-    if any(c in line for c in "\r\n\x00"):
-        raise RemoteProtocolError(
-            f"event-stream line {_shown(line)} holds a line break or NUL; accepted: one line",
-            code="bad_line",
-        )
-    if not line:
-        return END_OF_EVENT
-    if line.startswith(":"):
-        return None
-    name, colon, value = line.partition(":")
-    if colon and value.startswith(" "):
-        value = value[1:]
-    if name not in SSE_FIELDS:
-        raise RemoteProtocolError(
-            f"event-stream line {_shown(line)} names field {_shown(name, 40)}; accepted: "
-            f"{', '.join(sorted(SSE_FIELDS))}, or ':' for a comment",
-            code="unknown_field",
-        )
-    if name == "retry" and not (value.isascii() and value.isdigit()):
-        raise RemoteProtocolError(
-            f"retry value {_shown(value, 40)}; accepted: a whole number of milliseconds",
-            code="bad_retry",
-        )
-    return SseField(name, value)
-
-
-class SseDecoder:
-    """Bytes of an event stream in, whole events out; no I/O.
-
-    Lines end with CRLF, LF or CR (a CR at the end of the bytes so far waits for the next
-    bytes, which may start with its LF). An event is dispatched at a blank line when it has
-    data; ``id`` and ``retry`` are kept as the format says but only ``id`` is reported.
-    """
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-        self._data: list[str] = []
-        self._event = ""
-        self._id: str | None = None
-
-    def push(self, data: bytes) -> None:
-        """Add received bytes; :meth:`next_event` decodes them."""
-        self._buffer += data
-
-    def next_event(self) -> SseEvent | None:
-        """The next whole event of the bytes pushed so far; None until more bytes come.
-
-        Events before a malformed line are returned by earlier calls; the call that reaches
-        the malformed line raises.
-        """
-        buffer = self._buffer
-        while True:
-            newline = _find_line_end(buffer, 0)
-            if newline < 0:
-                if len(buffer) > MAX_LINE_BYTES:
-                    raise RemoteProtocolError(
-                        f"an event-stream line of more than {MAX_LINE_BYTES} bytes without a "
-                        "line ending",
-                        code="line_too_long",
-                    )
-                return None
-            after = newline + 1
-            if buffer[newline] == 0x0D:
-                if after == len(buffer):
-                    return None
-                if buffer[after] == 0x0A:
-                    after += 1
-            line = bytes(buffer[:newline])
-            del buffer[:after]
-            event = self._take(parse_sse_line(line))
-            if event is not None:
-                return event
-
-    def feed(self, data: bytes) -> list[SseEvent]:
-        """Push ``data`` and return every event now complete, in order."""
-        self.push(data)
-        return list(iter(self.next_event, None))
-
-    def _take(self, line: SseField | None) -> SseEvent | None:
-        if line is None:
-            return None
-        if line is END_OF_EVENT:
-            data, event = self._data, self._event
-            self._data, self._event = [], ""
-            if not data:
-                return None
-            return SseEvent(event or "message", "\n".join(data), self._id)
-        if line.name == "data":
-            self._data.append(line.value)
-        elif line.name == "event":
-            self._event = line.value
-        elif line.name == "id":
-            self._id = line.value
-        return None
-
-
-def _find_line_end(buffer: bytearray, start: int) -> int:
-    lf = buffer.find(b"\n", start)
-    cr = buffer.find(b"\r", start)
-    if lf < 0:
-        return cr
-    if cr < 0:
-        return lf
-    return min(lf, cr)
-
-
-# -- completion chunks (pure) -----------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class CompletionChunk:
-    """The one choice of a streamed completion event: new text, token ids, finish reason."""
-
-    text: str
-    token_ids: tuple[int, ...]
-    finish_reason: str | None
-
-
-def _bad_chunk(what: str, value: object, accepted: str) -> RemoteProtocolError:
-    return RemoteProtocolError(
-        f"{what} is {_shown(json.dumps(value), 60)}; accepted: {accepted}", code="bad_chunk"
-    )
-
-
-def _server_message(error: object) -> str:
-    if isinstance(error, Mapping):
-        message = error.get("message")
-        kind = error.get("type")
-        if isinstance(message, str):
-            return f"{kind}: {message}" if isinstance(kind, str) else message
-    return _shown(json.dumps(error), 200)
-
-
-def parse_completion_event(data: str) -> CompletionChunk | None:
-    """Parse the data of one ``/v1/completions`` stream event.
-
-    Returns None for an event without a choice (a usage-only event). Raises
-    :class:`RemoteRequestFailed` for an ``{"error": ...}`` event and
-    :class:`RemoteProtocolError` (``bad_json``, ``bad_chunk``) for data that is not such a
-    chunk, naming the field and value.
-    """
-    try:
-        body = json.loads(data)
-    except json.JSONDecodeError as exc:
-        raise RemoteProtocolError(
-            f"event data {_shown(data)} is not JSON ({exc.msg} at {exc.pos})", code="bad_json"
-        ) from None
-    if not isinstance(body, dict):
-        raise _bad_chunk("the event data", body, "a JSON object")
-    if "error" in body:
-        raise RemoteRequestFailed(
-            f"the server failed the request: {_server_message(body['error'])}", status=None
-        )
-    choices = body.get("choices")
-    if not isinstance(choices, list):
-        raise _bad_chunk("'choices'", choices, "a list")
-    if not choices:
-        return None
-    if len(choices) != 1:
-        raise _bad_chunk("'choices'", choices, "one choice (the request asks for n = 1)")
-    choice = choices[0]
-    if not isinstance(choice, dict):
-        raise _bad_chunk("choices[0]", choice, "a JSON object")
-    index = choice.get("index", 0)
-    if index != 0 or isinstance(index, bool):
-        raise _bad_chunk("choices[0].index", index, "0")
-    text = choice.get("text")
-    if not isinstance(text, str):
-        raise _bad_chunk("choices[0].text", text, "a string")
-    raw_ids = choice.get("token_ids")
-    if raw_ids is None:
-        token_ids: tuple[int, ...] = ()
-    elif isinstance(raw_ids, list) and all(
-        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in raw_ids
-    ):
-        token_ids = tuple(raw_ids)
-    else:
-        raise _bad_chunk("choices[0].token_ids", raw_ids, "null or a list of token ids >= 0")
-    reason = choice.get("finish_reason")
-    if reason is not None and (not isinstance(reason, str) or not reason):
-        raise _bad_chunk("choices[0].finish_reason", reason, "null or a non-empty string")
-    return CompletionChunk(text, token_ids, reason)
-
-
-def completion_body(model: str, prompt: str | Sequence[int], sampling: SamplingSpec) -> bytes:
-    """The JSON body of a streamed ``/v1/completions`` request for ``sampling``.
-
-    ``return_token_ids`` is vLLM's extension: each event then carries its new token ids.
-    """
-    body: dict[str, Any] = {
-        "model": model,
-        "prompt": prompt if isinstance(prompt, str) else list(prompt),
-        "stream": True,
-        "n": 1,
-        "max_tokens": sampling.max_tokens,
-        "min_tokens": sampling.min_tokens,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "top_k": sampling.top_k,
-        "stop": list(sampling.stop),
-        "stop_token_ids": list(sampling.stop_token_ids),
-        "ignore_eos": sampling.ignore_eos,
-        "return_token_ids": True,
-    }
-    if sampling.seed is not None:
-        body["seed"] = sampling.seed
-    return json.dumps(body, ensure_ascii=False).encode("utf-8")
-
-
-# -- HTTP/1.1 over asyncio streams ------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Head:
-    status: int
-    reason: str
-    headers: Mapping[str, str]
-
-    def header(self, name: str) -> str | None:
-        return self.headers.get(name)
-
-
-async def _read_line(reader: asyncio.StreamReader, what: str, code: str = "bad_header") -> bytes:
-    """One CRLF- or LF-terminated line without its ending; EOF raises IncompleteReadError."""
-    try:
-        line = await reader.readuntil(b"\n")
-    except asyncio.LimitOverrunError:
-        raise RemoteProtocolError(
-            f"{what} is longer than {MAX_LINE_BYTES} bytes", code=code
-        ) from None
-    return line.rstrip(b"\r\n")
-
-
-async def _read_head(reader: asyncio.StreamReader) -> _Head:
-    status_line = await _read_line(reader, "the status line")
-    parts = status_line.split(b" ", 2)
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-        raise RemoteProtocolError(
-            f"status line {_shown(status_line)}; accepted: 'HTTP/1.x <status> <reason>'",
-            code="bad_status_line",
-        )
-    status = int(parts[1])
-    reason = parts[2].decode("latin-1") if len(parts) > 2 else ""
-    headers: dict[str, str] = {}
-    for _ in range(MAX_HEADERS + 1):
-        line = await _read_line(reader, "a header line")
-        if not line:
-            return _Head(status, reason, headers)
-        name, colon, value = line.partition(b":")
-        if not colon or not name or name != name.strip():
-            raise RemoteProtocolError(
-                f"header line {_shown(line)}; accepted: 'Name: value'", code="bad_header"
-            )
-        key = name.decode("latin-1").lower()
-        text = value.strip().decode("latin-1")
-        headers[key] = f"{headers[key]}, {text}" if key in headers else text
-    raise RemoteProtocolError(f"more than {MAX_HEADERS} header lines", code="bad_header")
-
-
-class _Body:
-    """The body of one response: chunked, sized or read to EOF. ``read()`` is b'' at the end."""
-
-    def __init__(self, reader: asyncio.StreamReader, head: _Head) -> None:
-        self._reader = reader
-        encoding = (head.header("transfer-encoding") or "").lower()
-        length = head.header("content-length")
-        self._chunked = False
-        self._remaining: int | None = None
-        if encoding:
-            if encoding != "chunked":
-                raise RemoteProtocolError(
-                    f"Transfer-Encoding {encoding!r}; accepted: chunked", code="bad_header"
-                )
-            self._chunked = True
-        elif length is not None:
-            if not length.isdigit():
-                raise RemoteProtocolError(
-                    f"Content-Length {length!r}; accepted: a byte count", code="bad_header"
-                )
-            self._remaining = int(length)
-        self._chunk_left = 0
-        self._ended = False
-
-    async def read(self) -> bytes:
-        if self._ended:
-            return b""
-        if self._chunked:
-            return await self._read_chunked()
-        if self._remaining is not None:
-            if self._remaining == 0:
-                self._ended = True
-                return b""
-            data = await self._reader.read(min(self._remaining, 65536))
-            if not data:
-                raise asyncio.IncompleteReadError(b"", self._remaining)
-            self._remaining -= len(data)
-            return data
-        data = await self._reader.read(65536)
-        if not data:
-            self._ended = True
-        return data
-
-    async def _read_chunked(self) -> bytes:
-        if self._chunk_left == 0:
-            line = await _read_line(self._reader, "a chunk-size line", "bad_chunk_size")
-            size_text = line.split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                size = -1
-            if size < 0 or not size_text:
-                raise RemoteProtocolError(
-                    f"chunk-size line {_shown(line)}; accepted: a hexadecimal size",
-                    code="bad_chunk_size",
-                )
-            if size == 0:
-                while await _read_line(self._reader, "a trailer line"):
-                    pass
-                self._ended = True
-                return b""
-            self._chunk_left = size
-        data = await self._reader.read(min(self._chunk_left, 65536))
-        if not data:
-            raise asyncio.IncompleteReadError(b"", self._chunk_left)
-        self._chunk_left -= len(data)
-        if self._chunk_left == 0:
-            ending = await self._reader.readexactly(2)
-            if ending != b"\r\n":
-                raise RemoteProtocolError(
-                    f"chunk ends with {_shown(ending)}; accepted: CRLF", code="bad_chunk_size"
-                )
-        return data
-
-    async def read_all(self, limit: int) -> bytes:
-        parts: list[bytes] = []
-        size = 0
-        while data := await self.read():
-            size += len(data)
-            if size > limit:
-                raise RemoteProtocolError(
-                    f"a reply body of more than {limit} bytes", code="bad_header"
-                )
-            parts.append(data)
-        return b"".join(parts)
-
-
-class _Connection:
-    """One HTTP/1.1 exchange on its own socket (``Connection: close``)."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-        self.closed = False
-
-    def abort(self) -> None:
-        """Drop the socket now (no lingering send); a pending read wakes with EOF or an error."""
-        if not self.closed:
-            self.closed = True
-            self.writer.transport.abort()
-
-    async def close(self) -> None:
-        self.abort()
-        with contextlib.suppress(OSError, TimeoutError):
-            async with asyncio.timeout(CLOSE_WAIT_S):
-                await self.writer.wait_closed()
-
-
-def _error_message(body: bytes) -> str:
-    try:
-        parsed = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return _shown(body.decode("utf-8", "replace"), 200) if body else "(empty reply)"
-    if isinstance(parsed, dict):
-        if "error" in parsed:
-            return _server_message(parsed["error"])
-        if isinstance(parsed.get("message"), str):
-            return str(parsed["message"])
-    return _shown(json.dumps(parsed), 200)
-
-
 # -- the client -------------------------------------------------------------------------
 
 
 class _Request:
-    """One in-flight request: its connection, decoder and undelivered deltas."""
+    """One in-flight request: its HTTP exchange, decoder and undelivered deltas."""
 
-    __slots__ = ("body", "connection", "count", "decoder", "ended", "key", "pending", "stop")
+    __slots__ = (
+        "chunks",
+        "count",
+        "decoder",
+        "ended",
+        "key",
+        "opening",
+        "pending",
+        "reading",
+        "response",
+        "stop",
+    )
 
     def __init__(self, key: RequestKey) -> None:
         self.key = key
-        self.connection: _Connection | None = None
-        self.body: _Body | None = None
+        #: Sending the request, until its reply's head arrives (closing cancels it).
+        self.opening: asyncio.Task[httpx.Response] | None = None
+        self.response: httpx.Response | None = None
+        self.chunks: AsyncIterator[bytes] | None = None
+        #: A read of ``chunks`` is pending: closing the response wakes it.
+        self.reading = False
         self.decoder = SseDecoder()
         self.pending: deque[Delta] = deque()
         self.count = 0
@@ -722,9 +283,9 @@ class RemoteLlmStageClient:
     Mirrors :class:`~runtime.backends.vllm_client.VllmStageClient`: ``start()``, then up
     to ``max_num_seqs`` (the endpoint's ``max_in_flight``) concurrent ``generate()``
     streams, ``abort()`` and ``close()``. It reserves nothing in the ledger (the memory is
-    on the server) and owns no process or thread, only one socket per request in flight.
-    ``events`` is accepted for a uniform constructor: with no worker to retire, a remote
-    stage has nothing to publish.
+    on the server) and owns no process or thread, only one connection per request in
+    flight. ``events`` is accepted for a uniform constructor: with no worker to retire, a
+    remote stage has nothing to publish.
     """
 
     def __init__(
@@ -733,7 +294,7 @@ class RemoteLlmStageClient:
         self.name = name
         self.endpoint = endpoint
         self._events = events
-        self._ssl = ssl.create_default_context() if endpoint.tls else None
+        self._http: httpx.AsyncClient | None = None
         self._requests: dict[str, _Request] = {}
         self._failure: OmniError | None = None
         self._started = False
@@ -781,73 +342,64 @@ class RemoteLlmStageClient:
             raise UsageError(f"{self.name}: start() was already called")
         self._started = True
         began = time.monotonic()
-        url = self.endpoint.url_of("models")
-        connection = await self._connect(url)
+        self._http = _new_http(self.endpoint)
         try:
-            async with asyncio.timeout(self.endpoint.read_timeout_s):
-                await self._send(connection, "GET", "models", None)
-                head = await _read_head(connection.reader)
-                body = await _Body(connection.reader, head).read_all(MAX_BODY_BYTES)
-        except TimeoutError:
-            raise RemoteUnreachable(
-                f"{self.name}: {url} did not answer within read_timeout_s = "
-                f"{self.endpoint.read_timeout_s} s",
-                url=url,
-            ) from None
-        except (OSError, asyncio.IncompleteReadError) as exc:
-            raise RemoteUnreachable(
-                f"{self.name}: {url} closed the connection before answering ({_why(exc)})",
-                url=url,
-            ) from None
-        except RemoteProtocolError as exc:
-            raise self._located(exc, url) from None
-        finally:
-            await connection.close()
-        if head.status != 200:
-            raise RemoteRequestFailed(
-                f"{self.name}: GET {url} answered {head.status} {head.reason}: "
-                f"{_error_message(body)}{_auth_hint(head.status)}",
-                status=head.status,
-            )
-        self._offered, self._max_model_len = self._parse_models(body, url)
-        if self.endpoint.model not in self._offered:
-            offered = ", ".join(repr(m) for m in self._offered) or "no models"
-            raise RemoteModelNotServed(
-                f"{self.name}: {url} does not serve model {self.endpoint.model!r}; it offers "
-                f"{offered}",
-                url=url,
-                model=self.endpoint.model,
-                offered=self._offered,
-            )
+            self._offered, self._max_model_len = await self._check_models()
+        except BaseException:
+            http, self._http = self._http, None
+            await http.aclose()
+            raise
         self._check_s = time.monotonic() - began
         self._ready = True
         return self.record()
 
-    def _parse_models(self, body: bytes, url: str) -> tuple[tuple[str, ...], int | None]:
-        def bad(what: str) -> RemoteProtocolError:
-            return RemoteProtocolError(
-                f"the model list {what}; accepted: {{'data': [{{'id': name, ...}}, ...]}}",
-                code="bad_models",
-                where=f"{self.name} ({url})",
-            )
-
+    async def _check_models(self) -> tuple[tuple[str, ...], int | None]:
+        """The models the server offers (the endpoint's among them) and its max_model_len."""
+        http = self._http
+        assert http is not None
+        url = self.endpoint.url_of("models")
         try:
-            parsed = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise bad(f"is not JSON: {_shown(body)}") from None
-        data = parsed.get("data") if isinstance(parsed, dict) else None
-        if not isinstance(data, list):
-            raise bad(f"has no 'data' list: {_shown(json.dumps(parsed))}")
-        offered: list[str] = []
-        max_model_len: int | None = None
-        for entry in data:
-            if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
-                raise bad(f"has an entry without a string 'id': {_shown(json.dumps(entry))}")
-            offered.append(entry["id"])
-            length = entry.get("max_model_len")
-            if entry["id"] == self.endpoint.model and isinstance(length, int):
-                max_model_len = length
-        return tuple(offered), max_model_len
+            async with http.stream("GET", url, headers={"Accept": "application/json"}) as reply:
+                body = await _read_body(reply, MAX_BODY_BYTES)
+        except httpx.HTTPError as exc:
+            unreachable = _unreachable(self.name, self.endpoint, exc, url)
+            if unreachable is not None:
+                raise unreachable from None
+            if isinstance(exc, httpx.TimeoutException):
+                raise RemoteUnreachable(
+                    f"{self.name}: {url} did not answer within read_timeout_s = "
+                    f"{self.endpoint.read_timeout_s} s",
+                    url=url,
+                ) from None
+            fault = _http_fault(exc)
+            if fault is None:
+                raise RemoteUnreachable(
+                    f"{self.name}: {url} closed the connection before answering ({_why(exc)})",
+                    url=url,
+                ) from None
+            raise self._located(fault, url) from None
+        except RemoteProtocolError as exc:
+            raise self._located(exc, url) from None
+        if reply.status_code != 200:
+            raise RemoteRequestFailed(
+                f"{self.name}: GET {url} answered {reply.status_code} {reply.reason_phrase}: "
+                f"{error_message(body)}{_auth_hint(reply.status_code)}",
+                status=reply.status_code,
+            )
+        try:
+            offered, max_model_len = parse_model_list(body, self.endpoint.model)
+        except RemoteProtocolError as exc:
+            raise self._located(exc, url) from None
+        if self.endpoint.model not in offered:
+            shown = ", ".join(repr(m) for m in offered) or "no models"
+            raise RemoteModelNotServed(
+                f"{self.name}: {url} does not serve model {self.endpoint.model!r}; it offers "
+                f"{shown}",
+                url=url,
+                model=self.endpoint.model,
+                offered=offered,
+            )
+        return offered, max_model_len
 
     def record(self) -> StageRecord:
         """This stage's entry of ``execution_plan``."""
@@ -891,60 +443,70 @@ class RemoteLlmStageClient:
         """
         self._check_usable()
         check_admission(self.name, key, self._requests, self.max_num_seqs, "max_in_flight")
-        body = completion_body(self.endpoint.model, prompt, sampling)
+        http = self._http
+        assert http is not None
+        url = self.endpoint.url_of("completions")
+        outgoing = http.build_request(
+            "POST",
+            url,
+            content=completion_body(self.endpoint.model, prompt, sampling),
+            headers={"Accept": "text/event-stream", "Content-Type": "application/json"},
+        )
         request = _Request(key)
         self._requests[key.request_id] = request
-        url = self.endpoint.url_of("completions")
+        # Its own task, so that abort() can cancel it while it connects or waits.
+        request.opening = asyncio.create_task(http.send(outgoing, stream=True))
         try:
-            request.connection = await self._connect(url)
-            if request.stop is None:
-                await self._open_stream(request, body, url)
+            await self._open_stream(request, url)
         except OmniError as exc:
             await self._end(request)
             if isinstance(exc, RemoteUnreachable | RemoteConnectionLost | RemoteProtocolError):
                 self._fail(exc)
             raise
         except BaseException:
-            # Cancelled: drop the socket without waiting, then let the cancellation through.
-            self._drop(request)
+            # Cancelled: close the exchange, then let the cancellation through.
+            await self._end(request)
             raise
         if request.stop is not None:
-            # Aborted or closed while connecting: the socket opened after abort() returned.
+            # Aborted or closed while the request was being sent.
             await self._end(request)
         return RemoteDeltaStream(self, request)
 
-    async def _open_stream(self, request: _Request, body: bytes, url: str) -> None:
-        connection = request.connection
-        assert connection is not None
+    async def _open_stream(self, request: _Request, url: str) -> None:
+        """Wait for the reply's head; check its status and type; keep its body to stream."""
+        opening = request.opening
+        assert opening is not None
         try:
-            async with asyncio.timeout(self.endpoint.read_timeout_s):
-                await self._send(connection, "POST", "completions", body)
-                head = await _read_head(connection.reader)
-                reply = _Body(connection.reader, head)
-                if head.status != 200:
-                    message = _error_message(await reply.read_all(MAX_BODY_BYTES))
-        except TimeoutError:
-            raise RemoteConnectionLost(
-                f"{self.name}: {url} sent no reply within read_timeout_s = "
-                f"{self.endpoint.read_timeout_s} s",
-                url=url,
-            ) from None
-        except (OSError, asyncio.IncompleteReadError) as exc:
+            response = await opening
+        except asyncio.CancelledError:
+            if request.stop is None or _cancelling():
+                raise
+            return
+        except httpx.HTTPError as exc:
             if request.stop is not None:
                 return
-            raise RemoteConnectionLost(
-                f"{self.name}: {url} closed the connection before answering ({_why(exc)})",
-                url=url,
-            ) from None
-        except RemoteProtocolError as exc:
-            raise self._located(exc, url) from None
-        if head.status != 200:
+            raise self._open_error(exc, url) from None
+        if request.opening is opening:
+            request.opening = None
+            request.response = response
+        if request.stop is not None:
+            return
+        status = response.status_code
+        if status != 200:
+            try:
+                message = error_message(await _read_body(response, MAX_BODY_BYTES))
+            except httpx.HTTPError as exc:
+                if request.ended:
+                    return  # abort() or close() closed the response being read
+                raise self._open_error(exc, url) from None
+            except RemoteProtocolError as exc:
+                raise self._located(exc, url) from None
             raise RemoteRequestFailed(
                 f"{self.name}: request {request.key.request_id}: POST {url} answered "
-                f"{head.status} {head.reason}: {message}{_auth_hint(head.status)}",
-                status=head.status,
+                f"{status} {response.reason_phrase}: {message}{_auth_hint(status)}",
+                status=status,
             )
-        kind = head.header("content-type") or ""
+        kind = response.headers.get("content-type", "")
         if not kind.lower().startswith("text/event-stream"):
             raise self._located(
                 RemoteProtocolError(
@@ -953,7 +515,26 @@ class RemoteLlmStageClient:
                 ),
                 url,
             )
-        request.body = reply
+        request.chunks = response.aiter_bytes()
+
+    def _open_error(self, exc: httpx.HTTPError, url: str) -> OmniError:
+        """The typed error a failure before a reply's body becomes."""
+        unreachable = _unreachable(self.name, self.endpoint, exc, url)
+        if unreachable is not None:
+            return unreachable
+        if isinstance(exc, httpx.TimeoutException):
+            return RemoteConnectionLost(
+                f"{self.name}: {url} sent no reply within read_timeout_s = "
+                f"{self.endpoint.read_timeout_s} s",
+                url=url,
+            )
+        fault = _http_fault(exc)
+        if fault is None:
+            return RemoteConnectionLost(
+                f"{self.name}: {url} closed the connection before answering ({_why(exc)})",
+                url=url,
+            )
+        return self._located(fault, url)
 
     async def _next_delta(self, request: _Request) -> Delta:
         """The request's next delta, reading the stream as far as needed."""
@@ -965,12 +546,14 @@ class RemoteLlmStageClient:
                 raise request.stop from None
             if request.ended:
                 raise StageRetired(f"{self.name}: request {request.key.request_id} has ended")
-            assert request.body is not None
+            chunks = request.chunks
+            assert chunks is not None
             try:
-                async with asyncio.timeout(self.endpoint.read_timeout_s):
-                    data = await request.body.read()
-                if not data:
-                    raise asyncio.IncompleteReadError(b"", None)
+                request.reading = True
+                try:
+                    data = await anext(chunks)
+                finally:
+                    request.reading = False
                 request.decoder.push(data)
                 received = time.monotonic()
                 while not (request.pending and request.pending[-1].finished):
@@ -978,7 +561,7 @@ class RemoteLlmStageClient:
                     if event is None:
                         break
                     self._on_event(request, event, received)
-            except (OSError, asyncio.IncompleteReadError, OmniError) as exc:
+            except (StopAsyncIteration, httpx.HTTPError, OmniError) as exc:
                 if request.stop is not None:
                     raise request.stop from None
                 error = self._stream_error(exc, request, url)
@@ -992,23 +575,27 @@ class RemoteLlmStageClient:
                 continue
             except BaseException:
                 # Cancelled: the stream's position is unknown, so the request cannot go on.
-                self._drop(request)
+                await self._end(request)
                 raise
             if request.pending and request.pending[-1].finished:
                 await self._end(request)
 
     def _stream_error(
-        self, exc: OSError | asyncio.IncompleteReadError | OmniError, request: _Request, url: str
+        self, exc: StopAsyncIteration | httpx.HTTPError | OmniError, request: _Request, url: str
     ) -> OmniError:
         """The typed error a failed read of ``request``'s stream becomes."""
         key = request.key.request_id
-        if isinstance(exc, TimeoutError):
+        if isinstance(exc, httpx.TimeoutException):
             return RemoteConnectionLost(
                 f"{self.name}: request {key}: {url} sent nothing for read_timeout_s = "
                 f"{self.endpoint.read_timeout_s} s",
                 url=url,
             )
-        if isinstance(exc, OSError | asyncio.IncompleteReadError):
+        if isinstance(exc, httpx.HTTPError):
+            fault = _http_fault(exc)
+            if fault is not None:
+                return self._located(fault, url)
+        if isinstance(exc, StopAsyncIteration | httpx.HTTPError):
             return RemoteConnectionLost(
                 f"{self.name}: request {key}: the connection to {url} was lost after "
                 f"{request.count} deltas, before the completion finished ({_why(exc)})",
@@ -1055,7 +642,8 @@ class RemoteLlmStageClient:
         """Close ``key``'s stream; vLLM aborts a request whose client disconnected.
 
         Returns False when the request was not in flight. The stream then raises
-        :class:`~runtime.errors.RequestCancelled`. The slot is free when this returns.
+        :class:`~runtime.errors.RequestCancelled`. The slot is free and the connection
+        closed when this returns.
         """
         request = self._requests.get(key.request_id)
         if request is None or request.key.epoch != key.epoch:
@@ -1064,19 +652,24 @@ class RemoteLlmStageClient:
         await self._end(request)
         return True
 
-    def _drop(self, request: _Request) -> None:
-        """The request is over: free its slot and drop its socket (closed on the next loop turn)."""
+    async def _end(self, request: _Request) -> None:
+        """The request is over: free its slot and close its connection."""
         request.ended = True
         if self._requests.get(request.key.request_id) is request:
             del self._requests[request.key.request_id]
-        if request.connection is not None:
-            request.connection.abort()
-
-    async def _end(self, request: _Request) -> None:
-        """The request is over: free its slot and wait until its socket is closed."""
-        self._drop(request)
-        if request.connection is not None:
-            await request.connection.close()
+        opening, request.opening = request.opening, None
+        if opening is not None:
+            # Not yet answered: cancelling the send closes its connection.
+            opening.cancel()
+            await asyncio.wait({opening})
+            if not opening.cancelled() and opening.exception() is None:
+                request.response = opening.result()
+        chunks, request.chunks = request.chunks, None
+        if isinstance(chunks, AsyncGenerator) and not request.reading:
+            # A pending read ends by itself when the response below is closed.
+            await chunks.aclose()
+        if request.response is not None:
+            await request.response.aclose()
 
     def _fail(self, error: OmniError) -> None:
         if self._failure is None:
@@ -1090,60 +683,11 @@ class RemoteLlmStageClient:
         for request in requests:
             if request.stop is None:
                 request.stop = StageRetired(f"{self.name} was closed")
-            if request.connection is not None:
-                request.connection.abort()
         for request in requests:
             await self._end(request)
-
-    # -- plumbing --------------------------------------------------------------------
-
-    async def _connect(self, url: str) -> _Connection:
-        endpoint = self.endpoint
-        try:
-            async with asyncio.timeout(endpoint.connect_timeout_s):
-                reader, writer = await asyncio.open_connection(
-                    endpoint.host,
-                    endpoint.port,
-                    ssl=self._ssl,
-                    server_hostname=endpoint.host if self._ssl is not None else None,
-                    limit=MAX_LINE_BYTES,
-                )
-        except TimeoutError:
-            raise RemoteUnreachable(
-                f"{self.name}: no connection to {url} within connect_timeout_s = "
-                f"{endpoint.connect_timeout_s} s; check that the server is running and reachable",
-                url=url,
-            ) from None
-        except OSError as exc:
-            raise RemoteUnreachable(
-                f"{self.name}: cannot connect to {url} ({_why(exc)}); check that the server "
-                "is running and listening there",
-                url=url,
-            ) from None
-        return _Connection(reader, writer)
-
-    async def _send(
-        self, connection: _Connection, method: str, endpoint: str, body: bytes | None
-    ) -> None:
-        lines = [
-            f"{method} {self.endpoint.api_path}/{endpoint} HTTP/1.1",
-            f"Host: {self.endpoint.host_header}",
-            f"User-Agent: {USER_AGENT}",
-            "Connection: close",
-        ]
-        if body is not None:
-            lines += [
-                "Accept: text/event-stream",
-                "Content-Type: application/json",
-                f"Content-Length: {len(body)}",
-            ]
-        else:
-            lines.append("Accept: application/json")
-        if self.endpoint.api_key is not None:
-            lines.append(f"Authorization: Bearer {self.endpoint.api_key}")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        connection.writer.write(head + (body or b""))
-        await connection.writer.drain()
+        http, self._http = self._http, None
+        if http is not None:
+            await http.aclose()
 
     def _located(self, exc: RemoteProtocolError, url: str) -> RemoteProtocolError:
         if exc.where is not None:
@@ -1151,13 +695,92 @@ class RemoteLlmStageClient:
         return RemoteProtocolError(exc.detail, code=exc.code, where=f"{self.name} ({url})")
 
 
+# -- plumbing ---------------------------------------------------------------------------
+
+
+def _new_http(endpoint: RemoteEndpoint) -> httpx.AsyncClient:
+    """The stage's HTTP client: no kept-alive connection, no proxy or .netrc from the environment."""
+    headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
+    if endpoint.api_key is not None:
+        headers["Authorization"] = f"Bearer {endpoint.api_key}"
+    return httpx.AsyncClient(
+        headers=headers,
+        # read (and write) bound the silence between two reads, not a reply's whole length.
+        timeout=httpx.Timeout(endpoint.read_timeout_s, connect=endpoint.connect_timeout_s),
+        # Each request has its own connection, so closing a request's touches no other.
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=0),
+        # The system's certificate store, as the rest of the system trusts it.
+        verify=ssl.create_default_context() if endpoint.tls else True,
+        trust_env=False,
+    )
+
+
+async def _read_body(response: httpx.Response, limit: int) -> bytes:
+    """A non-streamed reply's whole body; more than ``limit`` bytes is refused."""
+    parts: list[bytes] = []
+    size = 0
+    async for data in response.aiter_bytes():
+        size += len(data)
+        if size > limit:
+            raise RemoteProtocolError(f"a reply body of more than {limit} bytes", code="bad_header")
+        parts.append(data)
+    return b"".join(parts)
+
+
+def _unreachable(
+    name: str, endpoint: RemoteEndpoint, exc: httpx.HTTPError, url: str
+) -> RemoteUnreachable | None:
+    """The error a failed connection attempt becomes; None when ``exc`` is no such failure."""
+    if isinstance(exc, httpx.ConnectTimeout):
+        return RemoteUnreachable(
+            f"{name}: no connection to {url} within connect_timeout_s = "
+            f"{endpoint.connect_timeout_s} s; check that the server is running and reachable",
+            url=url,
+        )
+    if isinstance(exc, httpx.ConnectError):
+        return RemoteUnreachable(
+            f"{name}: cannot connect to {url} ({_why(exc)}); check that the server "
+            "is running and listening there",
+            url=url,
+        )
+    return None
+
+
+def _http_fault(exc: httpx.HTTPError) -> RemoteProtocolError | None:
+    """The protocol error a malformed reply is; None for a connection cut short or timed out."""
+    if isinstance(exc, httpx.NetworkError | httpx.TimeoutException):
+        return None
+    message = str(exc)
+    if isinstance(exc, httpx.RemoteProtocolError) and message.startswith(_DISCONNECT_MESSAGES):
+        return None
+    for prefix, code in _HTTP_FAULT_CODES:
+        if message.startswith(prefix):
+            return RemoteProtocolError(message, code=code)
+    return RemoteProtocolError(message or type(exc).__name__, code="bad_http")
+
+
+def _cancelling() -> bool:
+    """Whether the current task is being cancelled (rather than a task it awaited)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 def _why(exc: BaseException) -> str:
-    if isinstance(exc, asyncio.IncompleteReadError):
+    """What ended a connection, in a few words: the operating system's reason if it gave one."""
+    seen: set[int] = set()
+    causes: list[BaseException] = [exc]
+    while causes:
+        cause = causes.pop(0)
+        if id(cause) in seen:
+            continue
+        seen.add(id(cause))
+        if isinstance(cause, OSError) and cause.errno:
+            return os.strerror(cause.errno)
+        if isinstance(cause, BaseExceptionGroup):
+            causes.extend(cause.exceptions)
+        causes.extend(c for c in (cause.__cause__, cause.__context__) if c is not None)
+    if isinstance(exc, StopAsyncIteration) or str(exc).startswith(_DISCONNECT_MESSAGES):
         return "the server closed it"
-    if isinstance(exc, OSError) and exc.errno:
-        return os.strerror(exc.errno)
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
     return str(exc) or type(exc).__name__
 
 

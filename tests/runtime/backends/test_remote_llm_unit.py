@@ -329,6 +329,10 @@ class Handler(BaseHTTPRequestHandler):
         if scenario == "html":
             self._reply(200, b"<html></html>", "text/html")
             return
+        if scenario == "no-reply":
+            self.server.release.wait(10)
+            self.close_connection = True
+            return
         self._start_stream()
         if scenario == "good":
             for event in GOOD_EVENTS:
@@ -646,6 +650,47 @@ def test_abort_closes_the_stream_promptly_and_the_server_sees_the_disconnect(
 
     _run(server, "endless", body)
     assert server.disconnected.wait(5)
+
+
+async def _until_posted(server: Server) -> None:
+    """Wait until the server has read a request's body (it then holds its reply)."""
+    deadline = time.monotonic() + 5
+    while not any(method == "POST" for method, _, _ in server.seen):
+        assert time.monotonic() < deadline, "the server never received the request"
+        await asyncio.sleep(0.01)
+
+
+def test_abort_while_the_reply_is_awaited_closes_the_connection(server: Server) -> None:
+    async def body(client: RemoteLlmStageClient) -> None:
+        key = RequestKey("r", 1)
+        opening = asyncio.create_task(client.generate(key, "hi", SAMPLING))
+        await _until_posted(server)
+        assert len(_client_sockets(server.port)) == 1
+        started = time.monotonic()
+        assert await client.abort(key)
+        stream = await opening
+        assert time.monotonic() - started < ABORT_BOUND_S
+        assert client.in_flight == ()
+        assert _client_sockets(server.port) == []
+        with pytest.raises(RequestCancelled, match="request r was aborted"):
+            await stream.__anext__()
+        assert client.usable
+
+    _run(server, "no-reply", body)
+
+
+def test_cancelling_the_caller_of_generate_frees_the_slot_and_the_socket(server: Server) -> None:
+    async def body(client: RemoteLlmStageClient) -> None:
+        opening = asyncio.create_task(client.generate(RequestKey("r"), "hi", SAMPLING))
+        await _until_posted(server)
+        opening.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await opening
+        assert client.in_flight == ()
+        assert _client_sockets(server.port) == []
+        assert client.usable
+
+    _run(server, "no-reply", body)
 
 
 def test_closing_a_stream_early_aborts_its_request(server: Server) -> None:
