@@ -159,12 +159,15 @@ class BufferDescriptor:
         if not isinstance(shape, list):
             raise DescriptorError("bad_descriptor", "descriptor shape must be a list of integers")
         dtype = DType.parse(wire["dtype"])
-        location = wire.get("location")
-        offset = wire.get("offset")
-        _validate(wire["owner"], wire["generation"], wire["nbytes"], shape, dtype, location)
-        _validate_offset(offset, location)
+        # Construction validates every field (__post_init__), before anything is allocated.
         return cls(
-            wire["owner"], wire["generation"], wire["nbytes"], dtype, tuple(shape), location, offset
+            wire["owner"],
+            wire["generation"],
+            wire["nbytes"],
+            dtype,
+            tuple(shape),
+            wire.get("location"),
+            wire.get("offset"),
         )
 
 

@@ -460,7 +460,16 @@ class RequestContext:
             metrics={"stages": list(self.request.stage_metrics), **(metrics or {})},
             text=text,
         )
-        output._release = lambda: self._release_from_any_thread(loop, acknowledged)
+        request = self.request
+
+        def release() -> None:
+            if finished:
+                # From the caller's thread: the request is consumed; no need to wait for the
+                # loop before admitting the next one.
+                request.final_consumed = True
+            self._release_from_any_thread(loop, acknowledged)
+
+        output._release = release
         self._outstanding += 1
         self._index += 1
         self.request.stream.put(output)

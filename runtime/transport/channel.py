@@ -19,7 +19,6 @@ import select
 import sys
 import threading
 import time
-from asyncio import get_running_loop as asyncio_running_loop
 from collections import deque
 from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn, TypeVar, cast
 
@@ -774,8 +773,11 @@ class FramedChannel:
         fd = self._read_fd
         if loop is None or fd is None or loop.is_closed():
             return
+        # Imported here: a worker, which never reads on a loop, need not load asyncio.
+        import asyncio
+
         try:
-            running = asyncio_running_loop()
+            running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
         if running is loop:
