@@ -64,7 +64,7 @@ from runtime.transport.channel import (
     frame_acks,
 )
 from runtime.transport.handshake import send_hello
-from runtime.transport.shm import ShmError
+from runtime.transport.shm import ShmError, sweep_segments
 from workers import ort_session
 from workers.errors import WorkerError
 from workers.ort_session import (
@@ -561,7 +561,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(channel, generation)
     finally:
+        prefix = channel.shm_prefix
         channel.close()
+        if prefix is not None:
+            # Whatever lives under this worker's prefix (the controller's input arena too)
+            # goes with it, also when the controller was killed and cannot remove it.
+            sweep_segments(prefix)
         _remove_private_tmpdir()
 
 
