@@ -224,15 +224,25 @@ class FrameDecoder:
         frames: list[Frame] = []
         try:
             while True:
-                if self.bytes_needed() == 0:
+                need = self.bytes_needed()
+                if need == 0:
                     # Also completes steps of length zero (an empty payload).
-                    frame = self._advance()
+                    step = bytes(self._buf)
+                    self._buf = bytearray()
+                    frame = self._advance(step)
                     if frame is not None:
                         frames.append(frame)
                     continue
                 if not view.nbytes:
                     break
-                take = min(self.bytes_needed(), view.nbytes)
+                if not self._buf and view.nbytes >= need:
+                    # A whole step is here: decode it from the input, without buffering.
+                    frame = self._advance(view[:need])
+                    view = view[need:]
+                    if frame is not None:
+                        frames.append(frame)
+                    continue
+                take = min(need, view.nbytes)
                 self._buf += view[:take]
                 view = view[take:]
         except FrameError as exc:
@@ -254,24 +264,21 @@ class FrameDecoder:
     def at_boundary(self) -> bool:
         return self._header_len is None and not self._buf
 
-    def _advance(self) -> Frame | None:
+    def _advance(self, step: bytes | memoryview) -> Frame | None:
+        """Complete the current step with its bytes (exactly what it needed)."""
         if self._header_len is None:
-            self._read_prefix()
+            self._read_prefix(step)
             return None
         if self._pending is None:
-            header = bytes(self._buf)
-            self._buf = bytearray()
-            self._pending = self._parse_header(header)
+            self._pending = self._parse_header(bytes(step))
             return None
         pending = self._pending
-        payload = bytes(self._buf)
-        self._buf = bytearray()
         self._header_len = None
         self._pending = None
-        return _assemble(pending, payload)
+        return _assemble(pending, bytes(step))
 
-    def _read_prefix(self) -> None:
-        magic, header_len, payload_len = PREFIX.unpack(bytes(self._buf))
+    def _read_prefix(self, step: bytes | memoryview) -> None:
+        magic, header_len, payload_len = PREFIX.unpack(step)
         if magic != MAGIC:
             raise FrameError("bad_magic", f"expected {MAGIC!r}, got {magic!r}")
         if header_len > self.limits.max_header_bytes:
