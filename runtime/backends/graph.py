@@ -519,7 +519,11 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
                 del self._pending[call_id]
                 if self._channel is not None:
                     try:
-                        self._channel.send_message(CancelMessage(call_id), owner=self.name)
+                        self._channel.send_message(
+                            CancelMessage(call_id),
+                            owner=self.name,
+                            from_loop=self._channel.loop_reading,
+                        )
                     except ExecutionError:
                         pass
                 if not future.done():

@@ -372,7 +372,9 @@ class WorkerStageClient(ABC, Generic[ReadyT]):
         if self._failure is None and channel is not None and reading:
             self._bye = self._loop.create_future()
             try:
-                channel.send_message(ShutdownMessage(), owner=self.name)
+                channel.send_message(
+                    ShutdownMessage(), owner=self.name, from_loop=channel.loop_reading
+                )
                 await asyncio.wait_for(self._bye, self.timeouts.shutdown_s)
             except (ExecutionError, TimeoutError):
                 pass

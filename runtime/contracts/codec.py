@@ -127,9 +127,7 @@ def encode_frame_parts(
         header["buffers"] = [d.to_wire() for d in descriptors]
     if body:
         header["body"] = dict(body)
-    header_bytes = json.dumps(
-        header, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode("utf-8")
+    header_bytes = _HEADER_ENCODER.encode(header).encode("utf-8")
     chunks: list[bytes | memoryview] = []
     payload_len = 0
     for descriptor, data in buffers:
@@ -177,6 +175,13 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise ValueError(f"duplicate key {key!r}")
         out[key] = value
     return out
+
+
+#: Made once: ``json.dumps``/``json.loads`` with options build a new coder on every call.
+_HEADER_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_HEADER_DECODER = json.JSONDecoder(
+    object_pairs_hook=_no_duplicates, parse_constant=_reject_constant, parse_float=_finite_float
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,12 +303,7 @@ class FrameDecoder:
 
     def _parse_header(self, raw: bytes) -> _Pending:
         try:
-            header = json.loads(
-                raw.decode("utf-8"),
-                object_pairs_hook=_no_duplicates,
-                parse_constant=_reject_constant,
-                parse_float=_finite_float,
-            )
+            header = _HEADER_DECODER.decode(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise FrameError("bad_header_json", f"header is not valid JSON: {exc}") from None
         if not isinstance(header, dict):
