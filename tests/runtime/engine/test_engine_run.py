@@ -145,6 +145,11 @@ def test_async_api_runs_and_generates(demo_root: Path, options: dict[str, Any]) 
             (client,) = omni.orchestrator.clients
             result = await omni.run()
             outputs = [output async for output in omni.generate(request_id="req-async")]
+            # The final output's acknowledgement frees the slot once the loop has it.
+            for _ in range(500):
+                if client.slot is None:
+                    break
+                await asyncio.sleep(0.01)
             assert client.slot is None
             return client.pid, result, outputs
 
