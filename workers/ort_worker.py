@@ -511,6 +511,7 @@ def run(channel: FramedChannel, generation: int) -> int:
             return EXIT_PROTOCOL
         if first.shm_prefix is not None:
             channel.enable_shm(first.shm_prefix)
+        channel.binary_headers = first.binary_headers
         try:
             ready = worker.load(first)
         except WorkerError as error:

@@ -27,6 +27,7 @@ from runtime.backends.placement import PlacementReport, gate_placement
 from runtime.backends.worker_client import WorkerStageClient, worker_launch_spec
 from runtime.config import GraphBackendConfig
 from runtime.contracts import FrameLimits, RequestKey
+from runtime.contracts.binary import FEATURE as BINARY_FEATURE
 from runtime.contracts.buffers import DescriptorError
 from runtime.contracts.messages import (
     WORKER_TO_CONTROLLER,
@@ -177,7 +178,10 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
             shm_prefix=self._shm_prefix,
             intra_op_threads=0 if self.threads is None else self.threads.intra_op_threads,
             allow_spinning=True if self.threads is None else self.threads.allow_spinning,
+            binary_headers=BINARY_FEATURE in self.peer_features,
         )
+        # Calls go out with binary headers to a worker that offered them.
+        channel.binary_headers = BINARY_FEATURE in self.peer_features
         channel.send_message(load, owner=self.name, generation=self.generation)
         assert self._load_future is not None
         try:

@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Generic, Protocol, TypeVar, cast
 
 from runtime.backends.retirement import settle_reservation
-from runtime.contracts.messages import ShutdownMessage
+from runtime.contracts.messages import HelloMessage, ShutdownMessage
 from runtime.engine.events import WorkerRetired
 from runtime.errors import ExecutionError, WorkerDied
 from runtime.host import (
@@ -133,6 +133,7 @@ class WorkerStageClient(ABC, Generic[ReadyT]):
         self._bye: asyncio.Future[None] | None = None
         self._failure: OmniError | None = None
         self._retire_task: asyncio.Task[RetireOutcome | None] | None = None
+        self._hello: HelloMessage | None = None
         self._closed = False
 
     # -- what a subclass adds ----------------------------------------------------------
@@ -173,6 +174,11 @@ class WorkerStageClient(ABC, Generic[ReadyT]):
     @property
     def failure(self) -> OmniError | None:
         return self._failure
+
+    @property
+    def peer_features(self) -> frozenset[str]:
+        """The features the worker offered in its hello."""
+        return frozenset(() if self._hello is None else self._hello.offered_features)
 
     @property
     def pid(self) -> int | None:
@@ -227,7 +233,7 @@ class WorkerStageClient(ABC, Generic[ReadyT]):
         assert channel is not None
         assert worker is not None
         try:
-            await loop.run_in_executor(
+            self._hello = await loop.run_in_executor(
                 None,
                 lambda: expect_hello(
                     channel,

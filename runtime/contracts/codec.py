@@ -27,6 +27,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import binary
 from .buffers import BufferDescriptor, DescriptorError
 from .versions import KNOWN_FEATURES, PROTOCOL_VERSION, FeatureError, check_required
 
@@ -109,10 +110,14 @@ def encode_frame_parts(
     body: Mapping[str, Any] | None = None,
     buffers: Sequence[tuple[BufferDescriptor, bytes | bytearray | memoryview | None]] = (),
     required: Iterable[str] = (),
+    *,
+    binary_header: bool = False,
 ) -> list[bytes | memoryview]:
     """Encode one frame as a list of byte chunks, ready for a gathered write.
 
-    ``buffers`` pairs each descriptor with its bytes (``None`` for shared memory).
+    ``buffers`` pairs each descriptor with its bytes (``None`` for shared memory). With
+    ``binary_header`` (the peer offered ``binary-header``), a ``call``, ``result`` or ``ack``
+    gets the compact binary header (:mod:`.binary`); any other frame a JSON one.
     """
     required = tuple(required)
     descriptors = [d for d, _ in buffers]
@@ -120,6 +125,11 @@ def encode_frame_parts(
         required = (*required, "shm-buffers")
     if any(d.in_arena for d in descriptors) and "shm-arena" not in required:
         required = (*required, "shm-arena")
+    packed = (
+        binary.encode_header(kind, body or {}, descriptors, required) if binary_header else None
+    )
+    if packed is not None:
+        return _with_payload(binary.MAGIC, packed, buffers)
     header: dict[str, Any] = {"v": PROTOCOL_VERSION, "kind": kind}
     if required:
         header["required"] = list(required)
@@ -127,7 +137,14 @@ def encode_frame_parts(
         header["buffers"] = [d.to_wire() for d in descriptors]
     if body:
         header["body"] = dict(body)
-    header_bytes = _HEADER_ENCODER.encode(header).encode("utf-8")
+    return _with_payload(MAGIC, _HEADER_ENCODER.encode(header).encode("utf-8"), buffers)
+
+
+def _with_payload(
+    magic: bytes,
+    header_bytes: bytes,
+    buffers: Sequence[tuple[BufferDescriptor, bytes | bytearray | memoryview | None]],
+) -> list[bytes | memoryview]:
     chunks: list[bytes | memoryview] = []
     payload_len = 0
     for descriptor, data in buffers:
@@ -143,7 +160,7 @@ def encode_frame_parts(
             payload_len += view.nbytes
         elif data is not None:
             raise ValueError("a shared-memory buffer carries no inline bytes")
-    return [PREFIX.pack(MAGIC, len(header_bytes), payload_len), header_bytes, *chunks]
+    return [PREFIX.pack(magic, len(header_bytes), payload_len), header_bytes, *chunks]
 
 
 def encode_frame(
@@ -151,9 +168,11 @@ def encode_frame(
     body: Mapping[str, Any] | None = None,
     buffers: Sequence[tuple[BufferDescriptor, bytes | bytearray | memoryview | None]] = (),
     required: Iterable[str] = (),
+    *,
+    binary_header: bool = False,
 ) -> bytes:
     """Encode one frame into a single bytes object."""
-    return b"".join(encode_frame_parts(kind, body, buffers, required))
+    return b"".join(encode_frame_parts(kind, body, buffers, required, binary_header=binary_header))
 
 
 def _reject_constant(name: str) -> Any:
@@ -212,6 +231,7 @@ class FrameDecoder:
         self._payload_len = 0
         self._pending: _Pending | None = None
         self._failed: FrameError | None = None
+        self._binary = False
 
     def bytes_needed(self) -> int:
         """How many more bytes complete the current step (prefix, header or payload)."""
@@ -284,8 +304,9 @@ class FrameDecoder:
 
     def _read_prefix(self, step: bytes | memoryview) -> None:
         magic, header_len, payload_len = PREFIX.unpack(step)
-        if magic != MAGIC:
+        if magic != MAGIC and (magic != binary.MAGIC or binary.FEATURE not in self.known_features):
             raise FrameError("bad_magic", f"expected {MAGIC!r}, got {magic!r}")
+        self._binary = magic == binary.MAGIC
         if header_len > self.limits.max_header_bytes:
             raise FrameError(
                 "header_too_large",
@@ -302,6 +323,8 @@ class FrameDecoder:
         self._payload_len = payload_len
 
     def _parse_header(self, raw: bytes) -> _Pending:
+        if self._binary:
+            return self._parse_binary_header(raw)
         try:
             header = _HEADER_DECODER.decode(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -346,6 +369,23 @@ class FrameDecoder:
                 descriptors.append(BufferDescriptor.from_wire(wire))
             except DescriptorError as exc:
                 raise FrameError(exc.code, f"buffer {index}: {exc}") from None
+        return self._checked(kind, body, descriptors, required)
+
+    def _parse_binary_header(self, raw: bytes) -> _Pending:
+        try:
+            kind, body, found, required = binary.decode_header(raw, self.limits.max_buffers)
+        except binary.BinaryHeaderError as exc:
+            raise FrameError(exc.code, str(exc)) from None
+        return self._checked(kind, body, list(found), list(required))
+
+    def _checked(
+        self,
+        kind: str,
+        body: dict[str, Any],
+        descriptors: list[BufferDescriptor],
+        required: list[str],
+    ) -> _Pending:
+        """The checks every header passes, JSON or binary, once its fields are parsed."""
         inline_total = sum(d.nbytes for d in descriptors if d.inline)
         if inline_total != self._payload_len:
             raise FrameError(

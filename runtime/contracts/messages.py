@@ -237,10 +237,13 @@ class LoadMessage(Message):
     #: ONNX Runtime's intra-op threads (0: its default, one per core) and whether they spin.
     intra_op_threads: int = 0
     allow_spinning: bool = True
+    #: The controller reads binary headers: the worker may send its results with them.
+    binary_headers: bool = False
 
     def __post_init__(self) -> None:
         kind = self.KIND
         _check_str(kind, "manifest_path", self.manifest_path)
+        _check_bool(kind, "binary_headers", self.binary_headers)
         _check_int(kind, "intra_op_threads", self.intra_op_threads)
         _check_bool(kind, "allow_spinning", self.allow_spinning)
         _check_str(kind, "expected_identity", self.expected_identity)
