@@ -61,8 +61,8 @@ if TYPE_CHECKING:
     from runtime.config import StageConfig
     from runtime.contracts.codec import Frame
     from runtime.contracts.messages import Message
-    from runtime.engine.events import EventBus
     from runtime.engine.threads import ThreadPlan
+    from runtime.events import EventBus
     from runtime.host import LaunchSpec, RetireOutcome
     from runtime.ledger import ResourceLedger, StageReservation
 

@@ -47,11 +47,11 @@ from runtime.devices import (
     discover_topology,
     load_selection,
 )
-from runtime.engine.events import EventBus, StageReady, StageStarting
 from runtime.engine.stages import GraphStage, LlmStage, StageHandle
 from runtime.engine.threads import plan_threads
 from runtime.envs.manager import envs_root
 from runtime.errors import ConfigError, ExecutionError, OmniError, UsageError
+from runtime.events import EventBus, StageReady, StageStarting
 from runtime.host import RouteError, is_frozen, resolve_interpreter, worker_argv
 
 if TYPE_CHECKING:
