@@ -28,8 +28,8 @@ if TYPE_CHECKING:
 
     from runtime.backends.graph import GraphTimeouts
     from runtime.devices import DeviceSelection, Topology
-    from runtime.engine.events import EventBus
     from runtime.engine.orchestrator import Request
+    from runtime.events import EventBus
     from runtime.ledger import ResourceLedger
 
 __all__ = ["AsyncOmni", "Omni", "OmniRequestOutput"]

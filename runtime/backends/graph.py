@@ -59,11 +59,11 @@ from runtime.transport.shm import ShmError, new_prefix, sweep_segments
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    from runtime.backends.threads import ThreadPlan
     from runtime.config import StageConfig
     from runtime.contracts.codec import Frame
     from runtime.contracts.messages import Message
-    from runtime.engine.events import EventBus
-    from runtime.engine.threads import ThreadPlan
+    from runtime.events import EventBus
     from runtime.host import LaunchSpec, RetireOutcome
     from runtime.ledger import ResourceLedger, StageReservation
 

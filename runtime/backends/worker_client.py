@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Generic, Protocol, Ty
 
 from runtime.backends.retirement import settle_reservation
 from runtime.contracts.messages import HelloMessage, ShutdownMessage
-from runtime.engine.events import WorkerRetired
 from runtime.errors import ExecutionError, WorkerDied
+from runtime.events import WorkerRetired
 from runtime.host import (
     LaunchSpec,
     default_project_root,
@@ -41,8 +41,8 @@ if TYPE_CHECKING:
 
     from runtime.contracts import FrameLimits
     from runtime.contracts.codec import Frame
-    from runtime.engine.events import EventBus
     from runtime.errors import OmniError
+    from runtime.events import EventBus
     from runtime.host import ProcessIdentity, RetireOutcome, WorkerProcess
     from runtime.ledger import ResourceLedger, StageReservation
 

@@ -24,13 +24,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from runtime.contracts import RequestKey, new_request_id
-from runtime.engine.events import (
-    EventBus,
-    PipelineClosed,
-    PipelineReady,
-    RequestAdmitted,
-    RequestFinished,
-)
 from runtime.engine.outputs import END, OutputStream
 from runtime.engine.program import PipelineProgram, RequestContext, load_program
 from runtime.engine.stage_runtime import StageRuntime
@@ -40,6 +33,13 @@ from runtime.errors import (
     RequestCancelled,
     ResourceUnavailable,
     UsageError,
+)
+from runtime.events import (
+    EventBus,
+    PipelineClosed,
+    PipelineReady,
+    RequestAdmitted,
+    RequestFinished,
 )
 from runtime.ledger import ResourceLedger
 

@@ -29,10 +29,10 @@ import numpy as np
 from runtime.config import LlmBackendConfig, resolve_callable
 from runtime.contracts.llm_messages import SamplingSpec
 from runtime.contracts.messages import MessageError
-from runtime.engine.events import EventBus, RequestOutputReady, StageCallFinished
 from runtime.engine.outputs import OmniRequestOutput
 from runtime.engine.stages import GraphStage, LlmStage, StageHandle
 from runtime.errors import ModelError, RequestCancelled, UsageError
+from runtime.events import EventBus, RequestOutputReady, StageCallFinished
 from runtime.pipeline_input import TENSOR_INPUT, TEXT_INPUT
 
 if TYPE_CHECKING:

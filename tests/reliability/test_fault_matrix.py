@@ -44,7 +44,6 @@ from runtime.backends.graph import GraphTimeouts, StageRetired
 from runtime.contracts import RequestKey
 from runtime.contracts.messages import AckMessage
 from runtime.devices import load_topology
-from runtime.engine.events import Event, EventBus, StageStarting, WorkerRetired
 from runtime.engine.stage_runtime import StageStartError
 from runtime.errors import (
     AdmissionRefused,
@@ -53,6 +52,7 @@ from runtime.errors import (
     VerificationError,
     WorkerDied,
 )
+from runtime.events import Event, EventBus, StageStarting, WorkerRetired
 from runtime.host import set_child_subreaper
 from runtime.ledger import ResourceLedger
 from runtime.transport.channel import ProtocolError

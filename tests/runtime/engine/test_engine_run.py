@@ -15,7 +15,7 @@ from runtime.adapters.tensor import mlp_handoff
 from runtime.api import AsyncOmni, Omni
 from runtime.artifacts import verify_bundle
 from runtime.contracts import RequestKey
-from runtime.engine.events import Event, EventBus, PipelineReady, StageReady, StageStarting
+from runtime.events import Event, EventBus, PipelineReady, StageReady, StageStarting
 from runtime.ledger import ResourceLedger
 from tests.runtime.engine.support import (
     CPU,
