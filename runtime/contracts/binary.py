@@ -150,36 +150,29 @@ def encode_header(
     return b"".join(parts)
 
 
-class _Reader:
-    __slots__ = ("data", "position")
+def _truncated(size: int) -> BinaryHeaderError:
+    return BinaryHeaderError("bad_header", f"binary header of {size} bytes ends inside a field")
 
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.position = 0
 
-    def take(self, size: int) -> bytes:
-        end = self.position + size
-        if end > len(self.data):
-            raise BinaryHeaderError(
-                "bad_header", f"binary header ends at byte {len(self.data)}; a field needs {end}"
-            )
-        chunk = self.data[self.position : end]
-        self.position = end
-        return chunk
+def _text(raw: bytes, position: int, what: str) -> tuple[str, int]:
+    (size,) = _U16.unpack_from(raw, position)
+    end = position + 2 + size
+    if end > len(raw):
+        raise _truncated(len(raw))
+    try:
+        return raw[position + 2 : end].decode("utf-8"), end
+    except UnicodeDecodeError:
+        raise BinaryHeaderError("bad_header", f"binary header: {what} is not UTF-8") from None
 
-    def unpack(self, layout: struct.Struct) -> tuple[Any, ...]:
-        return layout.unpack(self.take(layout.size))
 
-    def text(self, what: str) -> str:
-        (size,) = self.unpack(_U16)
-        try:
-            return self.take(size).decode("utf-8")
-        except UnicodeDecodeError:
-            raise BinaryHeaderError("bad_header", f"binary header: {what} is not UTF-8") from None
-
-    def names(self, what: str) -> list[str]:
-        (count,) = self.unpack(_U16)
-        return [self.text(what) for _ in range(count)]
+def _names(raw: bytes, position: int, what: str) -> tuple[list[str], int]:
+    (count,) = _U16.unpack_from(raw, position)
+    position += 2
+    names = []
+    for _ in range(count):
+        name, position = _text(raw, position, what)
+        names.append(name)
+    return names, position
 
 
 def decode_header(
@@ -187,8 +180,17 @@ def decode_header(
 ) -> tuple[str, dict[str, Any], tuple[BufferDescriptor, ...], tuple[str, ...]]:
     """``(kind, body, descriptors, required)`` of a binary header; raises BinaryHeaderError
     (or DescriptorError for a malformed buffer) before anything is allocated."""
-    reader = _Reader(raw)
-    code, flags, count = reader.unpack(_HEAD)
+    try:
+        return _decode(raw, max_buffers)
+    except (struct.error, IndexError):
+        raise _truncated(len(raw)) from None
+
+
+def _decode(
+    raw: bytes, max_buffers: int
+) -> tuple[str, dict[str, Any], tuple[BufferDescriptor, ...], tuple[str, ...]]:
+    code, flags, count = _HEAD.unpack_from(raw, 0)
+    position = _HEAD.size
     kind = KINDS.get(code)
     if kind is None:
         raise BinaryHeaderError("bad_header", f"binary header kind {code}; accepted: 1, 2 or 3")
@@ -198,33 +200,32 @@ def decode_header(
         raise BinaryHeaderError("too_many_buffers", f"{count} buffers; limit {max_buffers}")
     body: dict[str, Any]
     if kind == "ack":
-        owner = reader.text("the owner")
-        (generation,) = reader.unpack(_U64)
+        owner, position = _text(raw, position, "the owner")
+        (generation,) = _U64.unpack_from(raw, position)
+        position += 8
         body = {"owner": owner, "generation": generation}
     elif kind == "call":
-        call_id, epoch = reader.unpack(_CALL)
-        request_id = reader.text("the request id")
-        body = {
-            "call_id": call_id,
-            "request_id": request_id,
-            "epoch": epoch,
-            "input_names": reader.names("an input name"),
-        }
+        call_id, epoch = _CALL.unpack_from(raw, position)
+        request_id, position = _text(raw, position + _CALL.size, "the request id")
+        names, position = _names(raw, position, "an input name")
+        body = {"call_id": call_id, "request_id": request_id, "epoch": epoch, "input_names": names}
     else:
-        call_id, epoch, run_s, copied = reader.unpack(_RESULT)
-        request_id = reader.text("the request id")
+        call_id, epoch, run_s, copied = _RESULT.unpack_from(raw, position)
+        request_id, position = _text(raw, position + _RESULT.size, "the request id")
+        names, position = _names(raw, position, "an output name")
         body = {
             "call_id": call_id,
             "request_id": request_id,
             "epoch": epoch,
-            "output_names": reader.names("an output name"),
+            "output_names": names,
             "run_s": run_s,
             "copied_bytes": copied,
         }
     descriptors = []
     for index in range(count):
-        owner = reader.text(f"buffer {index}'s owner")
-        generation, dtype_code, ndim = reader.unpack(_BUFFER)
+        owner, position = _text(raw, position, f"buffer {index}'s owner")
+        generation, dtype_code, ndim = _BUFFER.unpack_from(raw, position)
+        position += _BUFFER.size
         if dtype_code >= len(DTYPE_CODES):
             raise BinaryHeaderError(
                 "bad_dtype", f"buffer {index}: dtype code {dtype_code}; accepted: 0-11"
@@ -233,16 +234,22 @@ def decode_header(
             raise BinaryHeaderError(
                 "bad_descriptor", f"buffer {index} has {ndim} dimensions; at most {MAX_DIMS}"
             )
-        shape = tuple(reader.unpack(_U64)[0] for _ in range(ndim))
-        (where,) = reader.take(1)
+        shape = struct.unpack_from(f"<{ndim}Q", raw, position)
+        position += 8 * ndim
+        where = raw[position]
+        position += 1
         if where & ~(_HAS_LOCATION | _HAS_OFFSET):
             raise BinaryHeaderError("bad_header", f"buffer {index}: location flags {where:#04x}")
-        location = reader.text(f"buffer {index}'s location") if where & _HAS_LOCATION else None
-        offset = reader.unpack(_U64)[0] if where & _HAS_OFFSET else None
+        location = None
+        if where & _HAS_LOCATION:
+            location, position = _text(raw, position, f"buffer {index}'s location")
+        offset = None
+        if where & _HAS_OFFSET:
+            (offset,) = _U64.unpack_from(raw, position)
+            position += 8
         dtype = DTYPE_CODES[dtype_code]
         try:
-            dims = math.prod(dim for dim in shape if dim)
-            if dims * dtype.itemsize > _MAX_U63:
+            if math.prod(dim for dim in shape if dim) * dtype.itemsize > _MAX_U63:
                 raise DescriptorError(
                     "length_overflow", f"shape {list(shape)} of {dtype.value} overflows 63 bits"
                 )
@@ -251,9 +258,9 @@ def decode_header(
             )
         except DescriptorError as exc:
             raise BinaryHeaderError(exc.code, f"buffer {index}: {exc}") from None
-    if reader.position != len(raw):
+    if position != len(raw):
         raise BinaryHeaderError(
-            "bad_header", f"binary header has {len(raw) - reader.position} bytes after its end"
+            "bad_header", f"binary header has {len(raw) - position} bytes after its end"
         )
     required = (("shm-buffers",) if flags & _FLAG_SHM else ()) + (
         ("shm-arena",) if flags & _FLAG_ARENA else ()
