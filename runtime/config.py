@@ -20,7 +20,7 @@ value keeps the line it came from. An example::
           route:
             name: local-cpu
             interpreter: bundled                # or env:NAME, or a Python executable
-            worker: ort                         # or a worker .py file
+            worker: ort                         # or a worker .py file, or inprocess
             ep: cpu
             os_domain: posix
             max_io_bytes: 8MiB
@@ -83,8 +83,9 @@ OS_DOMAINS = ("posix", "windows")
 BUNDLED_INTERPRETER = "bundled"
 ENV_INTERPRETER_PREFIX = "env:"
 GRAPH_BACKEND: Final = "external.graph.v1"
-#: Built-in worker names a graph route may use instead of a worker file.
-GRAPH_WORKERS = ("ort",)
+#: Built-in worker names a graph route may use instead of a worker file. ``inprocess`` runs
+#: the stage in the controller's process (for tests and trusted stages; no isolation).
+GRAPH_WORKERS = ("ort", "inprocess")
 LLM_BACKEND: Final = "native.vllm.v1"
 #: Built-in worker names a language-model route may use instead of a worker file.
 LLM_WORKERS = ("vllm",)

@@ -22,10 +22,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from runtime.artifacts import VerifiedBundle, load_example_inputs
-from runtime.backends.base import CallResult, StageRecord, TensorSpec
+from runtime.backends.base import CallResult, StageRecord, check_usable
 from runtime.backends.placement import PlacementReport, gate_placement
 from runtime.backends.worker_client import WorkerStageClient, worker_launch_spec
-from runtime.config import GraphBackendConfig
 from runtime.contracts import FrameLimits, RequestKey
 from runtime.contracts.buffers import DescriptorError
 from runtime.contracts.messages import (
@@ -39,6 +38,7 @@ from runtime.contracts.messages import (
     ResultMessage,
     decode_message,
 )
+from runtime.contracts.process import GRAPH_TMPDIR_PREFIX, PRIVATE_TMPDIR_VARIABLE
 from runtime.errors import (
     ConfigError,
     ExecutionError,
@@ -47,7 +47,7 @@ from runtime.errors import (
     PlacementRefused,
     RequestCancelled,
     ResourceUnavailable,
-    UsageError,
+    StageRetired,
     VerificationError,
 )
 from runtime.host import current_os_domain, spawn_worker
@@ -58,9 +58,9 @@ from runtime.transport.shm import ShmError, new_prefix, sweep_segments
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-    from runtime.config import StageConfig
+    from runtime.config import RouteConfig
     from runtime.contracts.codec import Frame
-    from runtime.contracts.messages import Message
+    from runtime.contracts.messages import Message, TensorSpec
     from runtime.engine.events import EventBus
     from runtime.engine.threads import ThreadPlan
     from runtime.host import LaunchSpec, RetireOutcome
@@ -83,12 +83,22 @@ class GraphTimeouts:
     shutdown_s: float = 2.0
 
 
-class StageRetired(ExecutionError):
-    """The stage's worker was retired; recreate the pipeline to use this stage again."""
+@dataclass(frozen=True, slots=True)
+class GraphStageSpec:
+    """One graph stage as the engine resolved it: its verified bundle and its route.
+
+    ``threads`` is the stage's share of ONNX Runtime threads (None: ONNX Runtime's default).
+    Both graph clients (a worker process, or :mod:`runtime.backends.inprocess`) are made from it.
+    """
+
+    name: str
+    bundle: VerifiedBundle
+    route: RouteConfig
+    threads: ThreadPlan | None = None
 
 
 class GraphStageClient(WorkerStageClient[ReadyMessage]):
-    """The engine's client for one ``external.graph.v1`` stage."""
+    """The engine's client for one ``external.graph.v1`` stage, served by a worker process."""
 
     _CLOSE_REASON = "pipeline closed"
     # Only the reader thread (started after the hello) can deliver the worker's bye.
@@ -96,23 +106,18 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
 
     def __init__(
         self,
-        stage: StageConfig,
+        spec: GraphStageSpec,
         *,
-        bundle: VerifiedBundle,
         ledger: ResourceLedger,
         reservation: StageReservation,
         generation: int,
         events: EventBus | None = None,
         timeouts: GraphTimeouts | None = None,
-        threads: ThreadPlan | None = None,
     ) -> None:
-        backend = stage.backend
-        if not isinstance(backend, GraphBackendConfig):
-            raise UsageError(f"{stage.name} is a {backend.name} stage, not a graph stage")
-        super().__init__(stage.name, ledger, reservation, generation, events)
-        self.stage = stage
-        self.route = backend.route
-        self.bundle = bundle
+        super().__init__(spec.name, ledger, reservation, generation, events)
+        self.spec = spec
+        self.route = spec.route
+        self.bundle = spec.bundle
         self.timeouts: GraphTimeouts = timeouts or GraphTimeouts()
         self._shm_prefix: str | None = None
         self._placement: PlacementReport | None = None
@@ -122,9 +127,9 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         self._pending: dict[int, tuple[RequestKey, asyncio.Future[Any]]] = {}
         self._slot: RequestKey | None = None
         self._running = False
-        self.threads = threads
         # The retained result's shared buffers, acknowledged when its slot is freed.
         self._result_acks: list[tuple[str, int]] = []
+        self.threads = spec.threads
 
     # -- state -----------------------------------------------------------------------
 
@@ -156,7 +161,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         same_domain = self.route.os_domain == current_os_domain()
         if same_domain:
             # Whatever the worker or its libraries leave in TMPDIR goes when it is retired.
-            self._tmpdir = Path(tempfile.mkdtemp(prefix=f"oe-graph-{self.generation}-"))
+            self._tmpdir = Path(tempfile.mkdtemp(prefix=f"{GRAPH_TMPDIR_PREFIX}{self.generation}-"))
         worker = self._spawn(self._launch_spec(), spawn_worker)
         if same_domain:
             self._shm_prefix = new_prefix(os.getpid(), self.generation)
@@ -201,8 +206,8 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
             min_fraction_on_target=self.route.min_fraction_on_target,
             stage=self.name,
         )
-        self._inputs = tuple(_spec(s) for s in message.inputs)
-        self._outputs = tuple(_spec(s) for s in message.outputs)
+        self._inputs = message.inputs
+        self._outputs = message.outputs
         if message.max_input_bytes > ARENA_THRESHOLD:
             # Inputs go to this arena, mapped and touched once; room for two calls' inputs.
             sizes = [spec_bytes(spec) for spec in self._inputs]
@@ -237,8 +242,8 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
             },
             "reservation": self._reservation_detail(),
             "placement": None if self._placement is None else self._placement.to_json(),
-            "inputs": [spec.to_json() for spec in self._inputs],
-            "outputs": [spec.to_json() for spec in self._outputs],
+            "inputs": [spec.to_wire() for spec in self._inputs],
+            "outputs": [spec.to_wire() for spec in self._outputs],
             "load_s": None if ready is None else ready.load_s,
             "warmup_s": None if ready is None else ready.warmup_s,
             "worker_rss_bytes": None if ready is None else ready.rss_bytes,
@@ -387,9 +392,10 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
 
     def _on_error(self, message: ErrorMessage) -> None:
         if message.call_id is None or message.fatal:
-            error = _worker_error(
+            error = worker_error(
                 self.name,
-                message,
+                message.code,
+                message.message,
                 cpu_allowed="CPUExecutionProvider" in self.route.allowed_providers,
             )
             self._on_worker_error(error, fatal=message.fatal)
@@ -416,14 +422,6 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
 
     # -- calls -----------------------------------------------------------------------
 
-    def _check_usable(self) -> None:
-        if self._failure is not None:
-            raise StageRetired(
-                f"{self.name} is unusable ({self._failure}); recreate the pipeline to use it again"
-            )
-        if self._closed or self._ready is None:
-            raise StageRetired(f"{self.name} is not running")
-
     async def call(
         self,
         key: RequestKey,
@@ -436,7 +434,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         let go of the arrays it passed. The result's arrays are read-only views over the
         worker's buffers, valid until :meth:`acknowledge` (or :meth:`cancel`) frees the slot.
         """
-        self._check_usable()
+        check_usable(self.name, self._failure, running=self.usable)
         if self._slot is not None:
             raise ResourceUnavailable(
                 f"{self.name} is busy with {self._slot.request_id}: one call and one retained "
@@ -588,22 +586,17 @@ _VERIFICATION_CODES = frozenset(
 _PLACEMENT_CODES = frozenset({"provider_absent", "placement_unavailable"})
 
 
-def _worker_error(stage: str, message: ErrorMessage, *, cpu_allowed: bool) -> OmniError:
-    """The typed error of a worker's load-time or fatal error report."""
-    text = f"{stage}: {message.code}: {message.message}"
-    if message.code in _VERIFICATION_CODES:
-        return VerificationError(text, code=message.code)
+def worker_error(stage: str, code: str, message: str, *, cpu_allowed: bool) -> OmniError:
+    """The typed error of a load-time or fatal error report (``code`` as the worker names it)."""
+    text = f"{stage}: {code}: {message}"
+    if code in _VERIFICATION_CODES:
+        return VerificationError(text, code=code)
     # Without CPU fallback, a session ORT cannot create is a graph the target cannot place.
-    if message.code in _PLACEMENT_CODES or (message.code == "session_failed" and not cpu_allowed):
+    if code in _PLACEMENT_CODES or (code == "session_failed" and not cpu_allowed):
         return PlacementRefused(text)
-    if message.code in ("bad_route", "too_large"):
+    if code in ("bad_route", "too_large"):
         return ConfigError(text)
     return ModelError(text)
-
-
-#: Names the worker's private temporary directory, which it removes when it exits (a worker
-#: outliving a killed controller cleans up after itself). Same value as in ``workers.ort_worker``.
-PRIVATE_TMPDIR_VARIABLE = "OMNI_EDGE_WORKER_TMPDIR"
 
 
 def _temp_variables(tmpdir: Path, os_domain: str) -> dict[str, str]:
@@ -614,17 +607,9 @@ def _temp_variables(tmpdir: Path, os_domain: str) -> dict[str, str]:
     return variables
 
 
-def _spec(wire: Any) -> TensorSpec:
-    return TensorSpec(
-        name=wire.name,
-        dtype=wire.dtype.value,
-        shape=tuple(int(d) if isinstance(d, int) else -1 for d in wire.shape),
-    )
-
-
 def spec_bytes(spec: TensorSpec) -> int:
     """The bytes of a tensor of fixed shape (unknown dimensions count as 1)."""
     count = 1
     for dim in spec.shape:
-        count *= max(1, dim)
-    return count * int(np.dtype(spec.dtype).itemsize)
+        count *= max(1, dim) if isinstance(dim, int) else 1
+    return count * spec.dtype.itemsize

@@ -48,7 +48,7 @@ from urllib.parse import SplitResult, urlsplit
 
 import httpx
 
-from runtime.backends.base import StageRecord
+from runtime.backends.base import Delta, StageRecord, check_usable
 from runtime.backends.llm import RequestDeltaStream, check_admission
 from runtime.backends.openai_wire import (
     DONE_DATA,
@@ -70,8 +70,7 @@ from runtime.backends.openai_wire import (
     parse_model_list,
     parse_sse_line,
 )
-from runtime.backends.vllm_client import Delta, StageRetired
-from runtime.errors import OmniError, RequestCancelled, UsageError
+from runtime.errors import OmniError, RequestCancelled, StageRetired, UsageError
 
 if TYPE_CHECKING:
     from runtime.contracts import RequestKey
@@ -422,14 +421,6 @@ class RemoteLlmStageClient:
 
     # -- requests --------------------------------------------------------------------
 
-    def _check_usable(self) -> None:
-        if self._failure is not None:
-            raise StageRetired(
-                f"{self.name} is unusable ({self._failure}); recreate the stage to use it again"
-            )
-        if self._closed or not self._ready:
-            raise StageRetired(f"{self.name} is not running")
-
     async def generate(
         self, key: RequestKey, prompt: str | Sequence[int], sampling: SamplingSpec
     ) -> RemoteDeltaStream:
@@ -441,7 +432,7 @@ class RemoteLlmStageClient:
         connection can be made, and :class:`RemoteRequestFailed` when the server refuses
         the request (an HTTP error status, e.g. 400 for sampling it does not accept).
         """
-        self._check_usable()
+        check_usable(self.name, self._failure, running=self.usable, recreate="stage")
         check_admission(self.name, key, self._requests, self.max_num_seqs, "max_in_flight")
         http = self._http
         assert http is not None

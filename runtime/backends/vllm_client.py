@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import psutil
 
-from runtime.backends.base import StageRecord
+from runtime.backends.base import Delta, StageRecord, check_usable
 from runtime.backends.llm import RequestDeltaStream, check_admission
 from runtime.backends.worker_client import WorkerStageClient, worker_launch_spec
 from runtime.contracts import FrameLimits, RequestKey
@@ -61,6 +61,7 @@ from runtime.errors import (
     OmniError,
     RequestCancelled,
     ResourceUnavailable,
+    StageRetired,
     UsageError,
     WorkerDied,
 )
@@ -127,29 +128,6 @@ class VllmTimeouts:
     #: The worker shuts its engine down before it answers ``bye``.
     shutdown_s: float = 30.0
     retire_s: float = 10.0
-
-
-@dataclass(frozen=True, slots=True)
-class Delta:
-    """New output of one request: the text and token ids added since the previous delta.
-
-    ``index`` counts the request's deltas from 0; ``received_at`` is ``time.monotonic()``
-    when the controller read it. The last delta has ``finished`` true and a
-    ``finish_reason`` (``stop`` or ``length``); an aborted request raises
-    :class:`~runtime.errors.RequestCancelled` instead of ending with a delta.
-    """
-
-    key: RequestKey
-    text: str
-    token_ids: tuple[int, ...]
-    finished: bool
-    finish_reason: str | None
-    index: int
-    received_at: float
-
-
-class StageRetired(ExecutionError):
-    """The stage's worker was retired; recreate the stage to use it again."""
 
 
 def engine_floor_bytes(model_dir: Path, engine_args: EngineArgs) -> int:
@@ -474,14 +452,6 @@ class VllmStageClient(WorkerStageClient[LlmReadyMessage]):
 
     # -- requests --------------------------------------------------------------------
 
-    def _check_usable(self) -> None:
-        if self._failure is not None:
-            raise StageRetired(
-                f"{self.name} is unusable ({self._failure}); recreate the stage to use it again"
-            )
-        if self._closed or self._ready is None:
-            raise StageRetired(f"{self.name} is not running")
-
     async def generate(
         self, key: RequestKey, prompt: str | Sequence[int], sampling: SamplingSpec
     ) -> DeltaStream:
@@ -490,7 +460,7 @@ class VllmStageClient(WorkerStageClient[LlmReadyMessage]):
         ``prompt`` is text or a list of token ids. Raises :class:`ResourceUnavailable` when
         ``max_num_seqs`` requests are in flight or ``key``'s request is already running.
         """
-        self._check_usable()
+        check_usable(self.name, self._failure, running=self.usable, recreate="stage")
         check_admission(self.name, key, self._requests, self.max_num_seqs, "max_num_seqs")
         if isinstance(prompt, str):
             message = GenerateMessage(key.request_id, key.epoch, prompt, None, sampling)
@@ -535,7 +505,7 @@ class VllmStageClient(WorkerStageClient[LlmReadyMessage]):
 
     async def stats(self) -> LlmStatsMessage:
         """The worker tree's memory now and how many requests it holds."""
-        self._check_usable()
+        check_usable(self.name, self._failure, running=self.usable, recreate="stage")
         assert self._loop is not None
         assert self._channel is not None
         waiter: asyncio.Future[LlmStatsMessage] = self._loop.create_future()

@@ -46,8 +46,8 @@ from runtime.ledger import ResourceLedger
 if TYPE_CHECKING:
     import numpy as np
 
-    from runtime.backends.graph import GraphStageClient, GraphTimeouts
-    from runtime.backends.llm import LlmStageClient
+    from runtime.backends.base import StageClient
+    from runtime.backends.graph import GraphTimeouts
     from runtime.config import PipelineConfig
     from runtime.devices import DeviceSelection, Topology
 
@@ -222,7 +222,7 @@ class Orchestrator:
         return self._execution_plan
 
     @property
-    def clients(self) -> list[GraphStageClient | LlmStageClient]:
+    def clients(self) -> list[StageClient]:
         """Each stage's backend client, in stage order."""
         return list(self._runtime.clients)
 

@@ -38,10 +38,10 @@ from runtime.pipeline_input import TENSOR_INPUT, TEXT_INPUT
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from runtime.backends.base import CallResult, TensorSpec
-    from runtime.backends.vllm_client import Delta
+    from runtime.backends.base import CallResult, Delta
     from runtime.config import PipelineConfig
     from runtime.contracts import RequestKey
+    from runtime.contracts.messages import TensorSpec
     from runtime.engine.orchestrator import Request
 
 Transform = Callable[[Mapping[str, np.ndarray]], Mapping[str, Any]]

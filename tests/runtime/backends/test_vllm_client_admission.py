@@ -16,7 +16,6 @@ import pytest
 
 from runtime.backends import vllm_client
 from runtime.backends.vllm_client import (
-    StageRetired,
     VllmRoute,
     VllmStageClient,
     VllmStageSpec,
@@ -26,7 +25,7 @@ from runtime.backends.vllm_client import (
 )
 from runtime.contracts import RequestKey
 from runtime.contracts.llm_messages import EngineArgs, SamplingSpec
-from runtime.errors import AdmissionRefused, ConfigError
+from runtime.errors import AdmissionRefused, ConfigError, StageRetired
 from runtime.host import RouteError
 from runtime.ledger import ResourceLedger
 
