@@ -22,6 +22,11 @@ DOUBLE_HANDOFF = "tests.runtime.engine.inprocess_support:double_handoff"
 BURST_PROGRAM = "tests.runtime.engine.inprocess_support:BurstProgram"
 
 
+def shapeless_handoff(outputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """A broken handoff: no ``tensors``."""
+    return {"arrays": dict(outputs)}
+
+
 class BurstProgram:
     """One call of stage 0, whose outputs go out ``count`` times without waiting; the caller
     acknowledges the last one (so no call is active while the outputs are read)."""
@@ -57,6 +62,7 @@ def write_inprocess_pipeline(
     max_queued: int | None = None,
     name: str = "inprocess_test",
     adapter: Mapping[str, Any] | None = None,
+    handoff: str = DOUBLE_HANDOFF,
 ) -> Path:
     """A chain of graph stages run in this process; stage ``i > 0`` takes the double handoff."""
     document: dict[str, Any] = {"pipeline": name, "async_chunk": False}
@@ -86,7 +92,7 @@ def write_inprocess_pipeline(
         }
         if index:
             stage["engine_input_source"] = [index - 1]
-            stage["custom_process_input_func"] = DOUBLE_HANDOFF
+            stage["custom_process_input_func"] = handoff
         stages.append(stage)
     document["stages"] = stages
     if adapter is not None:
