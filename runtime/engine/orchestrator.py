@@ -31,6 +31,7 @@ from runtime.engine.events import (
     RequestAdmitted,
     RequestFinished,
 )
+from runtime.engine.metrics import RequestMetrics, StageCallMetrics, StageTotals
 from runtime.engine.outputs import END, OutputStream
 from runtime.engine.program import PipelineProgram, RequestContext, load_program
 from runtime.engine.stage_runtime import StageRuntime
@@ -92,7 +93,7 @@ class Request:
     cancelled: bool = False
     #: Set by any thread the moment a cancel is asked for, before the loop gets to it.
     cancel_requested: bool = False
-    stage_metrics: list[dict[str, Any]] = field(default_factory=list)
+    stage_metrics: list[StageCallMetrics] = field(default_factory=list)
 
 
 class Orchestrator:
@@ -130,7 +131,7 @@ class Orchestrator:
         self._thread: threading.Thread | None = None
         self._state = "new"  # new -> running -> closed
         self._execution_plan: dict[str, Any] = {}
-        self._completed: list[dict[str, Any]] = []
+        self._completed: list[RequestMetrics] = []
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -239,24 +240,15 @@ class Orchestrator:
         """Per-stage metrics of every finished request, and totals per stage."""
         with self._lock:
             completed = list(self._completed)
-        per_stage: dict[str, dict[str, float]] = {}
+        per_stage: dict[str, StageTotals] = {}
         for request in completed:
-            for entry in request["stages"]:
-                totals = per_stage.setdefault(
-                    entry["stage"],
-                    {
-                        "calls": 0,
-                        "queue_s": 0.0,
-                        "run_s": 0.0,
-                        "transfer_s": 0.0,
-                        "bytes_in": 0,
-                        "bytes_out": 0,
-                    },
-                )
-                totals["calls"] += 1
-                for name in ("queue_s", "run_s", "transfer_s", "bytes_in", "bytes_out"):
-                    totals[name] += entry[name]
-        return {"pipeline": self.config.pipeline, "requests": completed, "stages": per_stage}
+            for call in request.stages:
+                per_stage[call.stage] = per_stage.get(call.stage, StageTotals()).plus(call)
+        return {
+            "pipeline": self.config.pipeline,
+            "requests": [request.to_json() for request in completed],
+            "stages": {stage: totals.to_json() for stage, totals in per_stage.items()},
+        }
 
     # -- requests (any thread) -------------------------------------------------------
 
@@ -383,11 +375,7 @@ class Orchestrator:
                 self._running.append(admitted)
                 following.append(admitted)
             self._completed.append(
-                {
-                    "request_id": request.request_id,
-                    "status": status,
-                    "stages": request.stage_metrics,
-                }
+                RequestMetrics(request.request_id, status, tuple(request.stage_metrics))
             )
             del self._completed[:-1000]
         self.events.publish(

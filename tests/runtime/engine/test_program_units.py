@@ -110,11 +110,17 @@ def test_a_call_without_hold_copies_the_outputs_and_frees_the_slot(
             np.testing.assert_array_equal(result.outputs["c"], np.full(N, 3.5, np.float32))
             assert result.copied_bytes == result.bytes_in + result.bytes_out == 3 * 4 * N
             (entry,) = ctx.request.stage_metrics
-            assert (entry["stage"], entry["bytes_in"], entry["bytes_out"]) == (
-                "stage-0",
-                8 * N,
-                4 * N,
-            )
+            assert (entry.stage, entry.bytes_in, entry.bytes_out) == ("stage-0", 8 * N, 4 * N)
+            assert (entry.copied_bytes, entry.generation) == (12 * N, None)
+            assert set(entry.to_json()) == {
+                "stage",
+                "queue_s",
+                "run_s",
+                "transfer_s",
+                "bytes_in",
+                "bytes_out",
+                "copied_bytes",
+            }
             (event,) = recorder.calls()
             assert (event.request_id, event.stage, event.copied_bytes) == ("r1", "stage-0", 12 * N)
 
@@ -258,7 +264,7 @@ def test_a_narrowed_context_numbers_its_stages_from_zero_and_emits_to_its_hook(
             assert (emitted.stage, emitted.finished) == ("stage-1", True)
             assert not ctx.request.stream.next_future().done()
             # The request's metrics are shared: the view's call is the request's.
-            assert [entry["stage"] for entry in ctx.request.stage_metrics] == ["stage-1"]
+            assert [entry.stage for entry in ctx.request.stage_metrics] == ["stage-1"]
 
     asyncio.run(scenario())
 
@@ -433,9 +439,23 @@ def test_a_text_stream_yields_the_deltas_and_records_the_call(tmp_path: Path) ->
         assert (key, prompt, sampling.max_tokens) == (ctx.request.key, "Say hello", 3)
         assert client.aborted == []
         (entry,) = ctx.request.stage_metrics
-        assert (entry["tokens"], entry["finish_reason"]) == (3, "stop")
-        assert (entry["bytes_in"], entry["bytes_out"]) == (9, 12)
-        assert entry["time_to_first_token_s"] is not None
+        assert entry.generation is not None
+        assert (entry.generation.tokens, entry.generation.finish_reason) == (3, "stop")
+        assert (entry.bytes_in, entry.bytes_out, entry.copied_bytes) == (9, 12, None)
+        assert entry.generation.time_to_first_token_s is not None
+        assert set(entry.to_json()) == {
+            "stage",
+            "queue_s",
+            "run_s",
+            "transfer_s",
+            "bytes_in",
+            "bytes_out",
+            "tokens",
+            "finish_reason",
+            "time_to_first_token_s",
+            "started_at",
+            "finished_at",
+        }
         (event,) = recorder.calls()
         assert (event.stage, event.bytes_out) == ("stage-0", 12)
         metrics = stream.metrics()
