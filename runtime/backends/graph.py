@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from runtime.artifacts import VerifiedBundle, load_example_inputs
-from runtime.backends.base import CallResult, StageRecord, check_usable
+from runtime.backends.base import (
+    CallResult,
+    ReservationRecord,
+    StageRecord,
+    WorkerRecord,
+    check_usable,
+)
 from runtime.backends.placement import PlacementReport, gate_placement
 from runtime.backends.worker_client import WorkerStageClient, worker_launch_spec
 from runtime.contracts import FrameLimits, RequestKey
@@ -95,6 +101,75 @@ class GraphStageSpec:
     bundle: VerifiedBundle
     route: RouteConfig
     threads: ThreadPlan | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ArenaRecord:
+    """The shared-memory arenas of a worker's calls: the controller's for inputs, the
+    worker's for outputs."""
+
+    inputs_bytes: int
+    outputs_bytes: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"inputs_bytes": self.inputs_bytes, "outputs_bytes": self.outputs_bytes}
+
+
+@dataclass(frozen=True, slots=True)
+class GraphStageDetail:
+    """What a graph stage reports in ``execution_plan``, whichever client serves it."""
+
+    spec: GraphStageSpec
+    worker: WorkerRecord
+    reservation: ReservationRecord | None
+    placement: PlacementReport | None
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    load_s: float | None
+    warmup_s: float | None
+    worker_rss_bytes: int | None
+    applied_intra_op_threads: int | None
+    applied_allow_spinning: bool | None
+    arenas: ArenaRecord | None
+    usable: bool
+    failure: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        bundle, route, threads = self.spec.bundle, self.spec.route, self.spec.threads
+        return {
+            "label": "B",
+            "manifest": {
+                "path": str(bundle.manifest_path),
+                "identity": bundle.identity,
+                "component": bundle.manifest.component,
+            },
+            "worker": self.worker.to_json(),
+            "route": {
+                "name": route.name,
+                "interpreter": route.interpreter,
+                "worker": route.worker,
+                "ep": route.ep,
+                "os_domain": route.os_domain,
+                "max_io_bytes": route.max_io_bytes,
+                "min_fraction_on_target": route.min_fraction_on_target,
+                "allowed_providers": list(route.allowed_providers),
+            },
+            "reservation": None if self.reservation is None else self.reservation.to_json(),
+            "placement": None if self.placement is None else self.placement.to_json(),
+            "inputs": [spec.to_wire() for spec in self.inputs],
+            "outputs": [spec.to_wire() for spec in self.outputs],
+            "load_s": self.load_s,
+            "warmup_s": self.warmup_s,
+            "worker_rss_bytes": self.worker_rss_bytes,
+            "threads": {
+                **({} if threads is None else threads.to_json()),
+                "applied_intra_op_threads": self.applied_intra_op_threads,
+                "applied_allow_spinning": self.applied_allow_spinning,
+            },
+            "arenas": None if self.arenas is None else self.arenas.to_json(),
+            "usable": self.usable,
+            "failure": self.failure,
+        }
 
 
 class GraphStageClient(WorkerStageClient[ReadyMessage]):
@@ -222,51 +297,32 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
     def record(self) -> StageRecord:
         """This stage's entry of ``execution_plan`` (labelled B: backend execution)."""
         ready = self._ready
-        detail: dict[str, Any] = {
-            "label": "B",
-            "manifest": {
-                "path": str(self.bundle.manifest_path),
-                "identity": self.bundle.identity,
-                "component": self.bundle.manifest.component,
-            },
-            "worker": self._worker_detail(self._launch_spec),
-            "route": {
-                "name": self.route.name,
-                "interpreter": self.route.interpreter,
-                "worker": self.route.worker,
-                "ep": self.route.ep,
-                "os_domain": self.route.os_domain,
-                "max_io_bytes": self.route.max_io_bytes,
-                "min_fraction_on_target": self.route.min_fraction_on_target,
-                "allowed_providers": list(self.route.allowed_providers),
-            },
-            "reservation": self._reservation_detail(),
-            "placement": None if self._placement is None else self._placement.to_json(),
-            "inputs": [spec.to_wire() for spec in self._inputs],
-            "outputs": [spec.to_wire() for spec in self._outputs],
-            "load_s": None if ready is None else ready.load_s,
-            "warmup_s": None if ready is None else ready.warmup_s,
-            "worker_rss_bytes": None if ready is None else ready.rss_bytes,
-            "threads": {
-                **({} if self.threads is None else self.threads.to_json()),
-                "applied_intra_op_threads": None if ready is None else ready.intra_op_threads,
-                "applied_allow_spinning": None if ready is None else ready.allow_spinning,
-            },
-            "arenas": self._arena_detail(),
-            "usable": self.usable,
-            "failure": None if self._failure is None else str(self._failure),
-        }
+        detail = GraphStageDetail(
+            spec=self.spec,
+            worker=self._worker_record(self._launch_spec),
+            reservation=self._reservation_record(),
+            placement=self._placement,
+            inputs=self._inputs,
+            outputs=self._outputs,
+            load_s=None if ready is None else ready.load_s,
+            warmup_s=None if ready is None else ready.warmup_s,
+            worker_rss_bytes=None if ready is None else ready.rss_bytes,
+            applied_intra_op_threads=None if ready is None else ready.intra_op_threads,
+            applied_allow_spinning=None if ready is None else ready.allow_spinning,
+            arenas=self._arena_record(),
+            usable=self.usable,
+            failure=None if self._failure is None else str(self._failure),
+        )
         return StageRecord(stage=self.name, backend=BACKEND_NAME, detail=detail)
 
-    def _arena_detail(self) -> dict[str, int] | None:
+    def _arena_record(self) -> ArenaRecord | None:
         ready, channel = self._ready, self._channel
         if ready is None or channel is None:
             return None
         inputs = channel.arena(self.name)
-        return {
-            "inputs_bytes": 0 if inputs is None else inputs.size,
-            "outputs_bytes": ready.arena_bytes,
-        }
+        return ArenaRecord(
+            inputs_bytes=0 if inputs is None else inputs.size, outputs_bytes=ready.arena_bytes
+        )
 
     # -- frames from the worker ----------------------------------------------------------
 

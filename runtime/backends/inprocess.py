@@ -18,17 +18,24 @@ runs on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
 from runtime.artifacts import load_example_inputs
-from runtime.backends.base import CallResult, StageRecord, check_usable
-from runtime.backends.graph import BACKEND_NAME, GraphTimeouts, worker_error
+from runtime.backends.base import (
+    CallResult,
+    StageRecord,
+    WorkerRecord,
+    check_usable,
+    reservation_record,
+)
+from runtime.backends.graph import BACKEND_NAME, GraphStageDetail, GraphTimeouts, worker_error
 from runtime.backends.placement import PlacementReport, gate_placement
 from runtime.errors import (
     ModelError,
@@ -188,45 +195,24 @@ class InProcessGraphClient:
 
     def record(self) -> StageRecord:
         """This stage's entry of ``execution_plan`` (labelled B: backend execution)."""
-        opened, route, reservation = self._opened, self.route, self._reservation
-        threads = self.spec.threads
-        detail: dict[str, Any] = {
-            "label": "B",
-            "manifest": {
-                "path": str(self.bundle.manifest_path),
-                "identity": self.bundle.identity,
-                "component": self.bundle.manifest.component,
-            },
-            "worker": {
-                "pid": os.getpid(),
-                "generation": self.generation,
-                "argv": [],
-                "in_process": True,
-            },
-            "route": {
-                "name": route.name,
-                "interpreter": route.interpreter,
-                "worker": route.worker,
-                "ep": route.ep,
-                "os_domain": route.os_domain,
-                "max_io_bytes": route.max_io_bytes,
-                "min_fraction_on_target": route.min_fraction_on_target,
-                "allowed_providers": list(route.allowed_providers),
-            },
-            "reservation": None
-            if reservation is None
-            else {"id": reservation.id, "amounts": dict(reservation.amounts)},
-            "placement": None if self._placement is None else self._placement.to_json(),
-            "inputs": [spec.to_wire() for spec in self.inputs],
-            "outputs": [spec.to_wire() for spec in self.outputs],
-            "load_s": None if opened is None else opened.load_s,
-            "warmup_s": None if opened is None else opened.warmup_s,
-            "worker_rss_bytes": None,
-            "threads": {} if threads is None else threads.to_json(),
-            "arenas": None,
-            "usable": self.usable,
-            "failure": None if self._failure is None else str(self._failure),
-        }
+        opened, threads = self._opened, self.spec.threads
+        detail = GraphStageDetail(
+            spec=self.spec,
+            worker=WorkerRecord(pid=os.getpid(), generation=self.generation, in_process=True),
+            reservation=reservation_record(self._reservation),
+            placement=self._placement,
+            inputs=self.inputs,
+            outputs=self.outputs,
+            load_s=None if opened is None else opened.load_s,
+            warmup_s=None if opened is None else opened.warmup_s,
+            # The controller's memory, not the stage's: nothing separates the two.
+            worker_rss_bytes=None,
+            applied_intra_op_threads=None if threads is None else threads.intra_op_threads,
+            applied_allow_spinning=None if threads is None else threads.allow_spinning,
+            arenas=None,
+            usable=self.usable,
+            failure=None if self._failure is None else str(self._failure),
+        )
         return StageRecord(stage=self.name, backend=BACKEND_NAME, detail=detail)
 
     # -- calls -----------------------------------------------------------------------
@@ -262,7 +248,8 @@ class InProcessGraphClient:
         future: asyncio.Future[CallOutcome] = loop.create_future()
 
         def done(outcome: CallOutcome) -> None:
-            if not loop.is_closed():
+            # On the call's thread; a loop closed meanwhile has nobody left to tell.
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._on_done, future, outcome)
 
         self._slot = key
@@ -275,10 +262,14 @@ class InProcessGraphClient:
                 on_sent()
             outcome = await future
         except BaseException:
+            # cancel() and close() free the slot themselves; here the caller stopped waiting.
             if self._running is future:
                 self._running = None
-            if self._slot == key and (self._failure is not None or future.done()):
                 self._slot = None
+                if future.cancelled() or not future.done():
+                    # The call still runs and nobody takes its result: stop it as cancel() would
+                    # (a task cancelled while it waited cancelled the future with it).
+                    self._retire_after_cancel()
             raise
         self._running = None
         if outcome.error is not None or outcome.outputs is None:
@@ -293,10 +284,12 @@ class InProcessGraphClient:
         outputs = dict(outcome.outputs)
         for array in outputs.values():
             array.flags.writeable = False
-        self._retained = MappingProxyType(outputs)
+        retained = MappingProxyType(outputs)
+        if self._slot == key:
+            self._retained = retained
         return CallResult(
             key=key,
-            outputs=self._retained,
+            outputs=retained,
             run_s=outcome.elapsed_s,
             round_trip_s=time.perf_counter() - started,
             bytes_in=bytes_in,
@@ -327,15 +320,20 @@ class InProcessGraphClient:
         running = self._running
         self._slot = None
         self._retained = None
-        if running is None:
+        if running is None or running.done():
+            # The call had ended (its result not yet taken): the slot is free, the stage kept.
             return
         # An active call: fence it now, ask ONNX Runtime to stop between nodes, retire.
         self._running = None
-        if not running.done():
-            running.set_exception(RequestCancelled(f"{self.name}: call cancelled"))
+        running.set_exception(RequestCancelled(f"{self.name}: call cancelled"))
+        self._retire_after_cancel()
+        await self._retire()
+
+    def _retire_after_cancel(self) -> None:
         if self._failure is None:
             self._failure = StageRetired(f"{self.name}: retired after an active call was cancelled")
-        await self._retire()
+        if self._retire_task is None and self._loop is not None:
+            self._retire_task = self._loop.create_task(self._retire_once())
 
     # -- retirement ------------------------------------------------------------------
 

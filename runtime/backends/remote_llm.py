@@ -203,6 +203,38 @@ class RemoteEndpoint:
         return f"{parts.scheme}://{self.host_header}{self.api_path}/{endpoint}"
 
 
+@dataclass(frozen=True, slots=True)
+class RemoteStageDetail:
+    """What a remote stage reports in ``execution_plan``: the endpoint and what its check found.
+
+    It reserves nothing here (the memory is on the server), so its ``reservation`` is None.
+    """
+
+    endpoint: RemoteEndpoint
+    offered_models: tuple[str, ...]
+    max_model_len: int | None
+    check_s: float | None
+    usable: bool
+    failure: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        endpoint = self.endpoint
+        return {
+            "url": endpoint.url_of("completions"),
+            "model": endpoint.model,
+            "offered_models": list(self.offered_models),
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": endpoint.max_in_flight,
+            "authenticated": endpoint.api_key is not None,
+            "connect_timeout_s": endpoint.connect_timeout_s,
+            "read_timeout_s": endpoint.read_timeout_s,
+            "check_s": self.check_s,
+            "reservation": None,
+            "usable": self.usable,
+            "failure": self.failure,
+        }
+
+
 def _split_url(url: str) -> SplitResult:
     """``url`` split and checked: http(s), a host, a valid port, no credentials or query."""
     shown = repr(url)
@@ -402,21 +434,14 @@ class RemoteLlmStageClient:
 
     def record(self) -> StageRecord:
         """This stage's entry of ``execution_plan``."""
-        endpoint = self.endpoint
-        detail: dict[str, Any] = {
-            "url": endpoint.url_of("completions"),
-            "model": endpoint.model,
-            "offered_models": list(self._offered),
-            "max_model_len": self._max_model_len,
-            "max_num_seqs": endpoint.max_in_flight,
-            "authenticated": endpoint.api_key is not None,
-            "connect_timeout_s": endpoint.connect_timeout_s,
-            "read_timeout_s": endpoint.read_timeout_s,
-            "check_s": self._check_s,
-            "reservation": None,
-            "usable": self.usable,
-            "failure": None if self._failure is None else str(self._failure),
-        }
+        detail = RemoteStageDetail(
+            endpoint=self.endpoint,
+            offered_models=self._offered,
+            max_model_len=self._max_model_len,
+            check_s=self._check_s,
+            usable=self.usable,
+            failure=None if self._failure is None else str(self._failure),
+        )
         return StageRecord(stage=self.name, backend=BACKEND_NAME, detail=detail)
 
     # -- requests --------------------------------------------------------------------

@@ -34,7 +34,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 import psutil
 
-from runtime.backends.base import Delta, StageRecord, check_usable
+from runtime.backends.base import (
+    Delta,
+    ReservationRecord,
+    StageRecord,
+    WorkerRecord,
+    check_usable,
+)
 from runtime.backends.llm import RequestDeltaStream, check_admission
 from runtime.backends.worker_client import WorkerStageClient, worker_launch_spec
 from runtime.contracts import FrameLimits, RequestKey
@@ -128,6 +134,43 @@ class VllmTimeouts:
     #: The worker shuts its engine down before it answers ``bye``.
     shutdown_s: float = 30.0
     retire_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class VllmStageDetail:
+    """What a vLLM stage reports in ``execution_plan``: its spec, worker and built engine."""
+
+    spec: VllmStageSpec
+    worker: WorkerRecord
+    reservation: ReservationRecord | None
+    ready: LlmReadyMessage | None
+    usable: bool
+    failure: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        spec, ready = self.spec, self.ready
+        return {
+            "label": "B",
+            "model_dir": str(spec.model_dir),
+            "engine_args": spec.engine_args.to_wire(),
+            "worker": self.worker.to_json(),
+            "route": {
+                "interpreter": spec.route.interpreter,
+                "worker": spec.route.worker,
+                "os_domain": spec.route.os_domain,
+            },
+            "reservation": None if self.reservation is None else self.reservation.to_json(),
+            "vllm_version": None if ready is None else ready.vllm_version,
+            "device": None if ready is None else ready.device,
+            "max_num_seqs": None if ready is None else ready.max_num_seqs,
+            "max_model_len": None if ready is None else ready.max_model_len,
+            "load_s": None if ready is None else ready.load_s,
+            "worker_rss_bytes": None if ready is None else ready.rss_bytes,
+            "worker_pss_bytes": None if ready is None else ready.pss_bytes,
+            "worker_processes": None if ready is None else ready.processes,
+            "usable": self.usable,
+            "failure": self.failure,
+        }
 
 
 def engine_floor_bytes(model_dir: Path, engine_args: EngineArgs) -> int:
@@ -322,29 +365,14 @@ class VllmStageClient(WorkerStageClient[LlmReadyMessage]):
 
     def record(self) -> StageRecord:
         """This stage's entry of ``execution_plan``."""
-        ready = self._ready
-        detail: dict[str, Any] = {
-            "label": "B",
-            "model_dir": str(self.spec.model_dir),
-            "engine_args": self.spec.engine_args.to_wire(),
-            "worker": self._worker_detail(self.launch_spec),
-            "route": {
-                "interpreter": self.route.interpreter,
-                "worker": self.route.worker,
-                "os_domain": self.route.os_domain,
-            },
-            "reservation": self._reservation_detail(),
-            "vllm_version": None if ready is None else ready.vllm_version,
-            "device": None if ready is None else ready.device,
-            "max_num_seqs": None if ready is None else ready.max_num_seqs,
-            "max_model_len": None if ready is None else ready.max_model_len,
-            "load_s": None if ready is None else ready.load_s,
-            "worker_rss_bytes": None if ready is None else ready.rss_bytes,
-            "worker_pss_bytes": None if ready is None else ready.pss_bytes,
-            "worker_processes": None if ready is None else ready.processes,
-            "usable": self.usable,
-            "failure": None if self._failure is None else str(self._failure),
-        }
+        detail = VllmStageDetail(
+            spec=self.spec,
+            worker=self._worker_record(self.launch_spec),
+            reservation=self._reservation_record(),
+            ready=self._ready,
+            usable=self.usable,
+            failure=None if self._failure is None else str(self._failure),
+        )
         return StageRecord(stage=self.name, backend=BACKEND_NAME, detail=detail)
 
     # -- frames from the worker (reader thread -> loop) ----------------------------------

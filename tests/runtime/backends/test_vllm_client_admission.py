@@ -132,7 +132,7 @@ def test_requests_before_start_are_refused(model_dir: Path) -> None:
     asyncio.run(scenario())
     assert client.max_num_seqs == 8
     assert ledger.snapshot().is_empty
-    assert client.record().detail["reservation"] is None
+    assert client.record().to_json()["reservation"] is None
 
 
 def test_engine_floor_counts_weights_and_kv_cache(model_dir: Path) -> None:

@@ -24,10 +24,11 @@ from runtime.engine.outputs import OmniRequestOutput
 from runtime.engine.program import ChainProgram, Emitted, RequestContext
 from runtime.engine.stage_runtime import StageRuntime
 from runtime.engine.stages import GraphStage, LlmStage
-from runtime.errors import ModelError, RequestCancelled, UsageError
+from runtime.errors import ModelError, RequestCancelled, StageRetired, UsageError
 from runtime.ledger import ResourceLedger
 from tests.helpers.onnx_graphs import make_bundle
 from tests.runtime.engine.inprocess_support import write_inprocess_pipeline
+from tests.runtime.engine.support import ENDLESS_STEPS
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -185,6 +186,33 @@ def test_a_cancelled_request_starts_no_call(
             assert not _graph(runtime, 0).lock.locked()
             with pytest.raises(UsageError, match="is a graph stage; use call"):
                 ctx.generate(0, "text")
+
+    asyncio.run(scenario())
+
+
+def test_a_call_left_while_it_runs_is_stopped_and_its_stage_retired(
+    loop_manifest: Path, tmp_path: Path, options: dict[str, Any]
+) -> None:
+    async def scenario() -> None:
+        pipeline = write_inprocess_pipeline(tmp_path / "loop.yaml", [loop_manifest], max_io="4MiB")
+        async with _stages(pipeline, options) as runtime:
+            ctx = _context(runtime)
+            with np.load(loop_manifest.parent / "inputs.npz", allow_pickle=False) as archive:
+                inputs = {"x": archive["x"], "n": np.array(ENDLESS_STEPS, np.int64)}
+            call = asyncio.create_task(ctx.call(0, inputs))
+            stage = _graph(runtime, 0)
+            while stage.client.slot is None:  # type: ignore[attr-defined]
+                await asyncio.sleep(0.005)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            assert not stage.lock.locked()
+            assert not stage.client.usable
+            with pytest.raises(StageRetired, match="retired after an active call was cancelled"):
+                await ctx.call(0, inputs)
+            # The endless call stopped between nodes, so the reservation is released.
+            await stage.client.close()
+            assert runtime.ledger.snapshot().is_empty
 
     asyncio.run(scenario())
 
