@@ -73,6 +73,7 @@ from runtime.backends.openai_wire import (
 from runtime.errors import OmniError, RequestCancelled, StageRetired, UsageError
 
 if TYPE_CHECKING:
+    from runtime.backends.base import LlmClient
     from runtime.contracts import RequestKey
     from runtime.contracts.llm_messages import SamplingSpec
     from runtime.engine.events import EventBus
@@ -709,6 +710,13 @@ class RemoteLlmStageClient:
         if exc.where is not None:
             return exc
         return RemoteProtocolError(exc.detail, code=exc.code, where=f"{self.name} ({url})")
+
+
+if TYPE_CHECKING:
+    # The engine imports this module only for a pipeline that names a remote route, so it
+    # holds the client as an LlmClient: checked here.
+    def _is_an_llm_client(client: RemoteLlmStageClient) -> LlmClient:
+        return client
 
 
 # -- plumbing ---------------------------------------------------------------------------
