@@ -55,7 +55,10 @@ from runtime.devices import (
     save_selection,
     selection_path,
 )
-from runtime.engine.events import (
+from runtime.engine.orchestrator import Orchestrator
+from runtime.engine.outputs import END, OmniRequestOutput
+from runtime.errors import ModelError, OmniError, RequestCancelled, UsageError
+from runtime.events import (
     Event,
     EventBus,
     PipelineClosed,
@@ -63,9 +66,6 @@ from runtime.engine.events import (
     RequestAdmitted,
     StageCallFinished,
 )
-from runtime.engine.orchestrator import Orchestrator
-from runtime.engine.outputs import END, OmniRequestOutput
-from runtime.errors import ModelError, OmniError, RequestCancelled, UsageError
 from runtime.ledger import LedgerEvent, ResourceLedger
 from runtime.pipeline_files import export_missing_voices, is_manifest_path
 from runtime.planning import plan_pipeline

@@ -43,17 +43,6 @@ from app.models import (
 from runtime.artifacts import load_example_inputs, verify_bundle
 from runtime.config import GraphBackendConfig, load_pipeline
 from runtime.devices import DISCOVERED, DeviceSelection
-from runtime.engine.events import (
-    Event,
-    PipelineClosed,
-    PipelineReady,
-    RequestAdmitted,
-    RequestFinished,
-    StageCallFinished,
-    StageReady,
-    StageStarting,
-    WorkerRetired,
-)
 from runtime.engine.outputs import AUDIO_KEYS, AudioChunk
 from runtime.errors import (
     AdmissionRefused,
@@ -65,6 +54,17 @@ from runtime.errors import (
     UsageError,
     VerificationError,
     WorkerDied,
+)
+from runtime.events import (
+    Event,
+    PipelineClosed,
+    PipelineReady,
+    RequestAdmitted,
+    RequestFinished,
+    StageCallFinished,
+    StageReady,
+    StageStarting,
+    WorkerRetired,
 )
 from runtime.pipeline_files import is_manifest_path, pipeline_for_bundle
 from runtime.pipeline_input import TENSOR_INPUT, example_text, input_kind

@@ -39,7 +39,7 @@ with atheris.instrument_imports(include=["runtime", "workers"]):
     from workers.errors import WorkerError
     from workers.ort_session import load_verified_graph
 
-import runtime.config as config_module  # noqa: E402
+import runtime.config.callables as callables_module  # noqa: E402
 
 #: The modules a fuzzed pipeline may import. A pipeline file is code (it names callables to
 #: import), so arbitrary mutations must not reach arbitrary modules; others are "not found".
@@ -47,7 +47,7 @@ ALLOWED_MODULES = frozenset({"runtime.adapters.tensor", "runtime.adapters.tts"})
 
 
 class _GuardedImports:
-    """Stands in for ``importlib`` inside ``runtime.config`` while fuzzing."""
+    """Stands in for ``importlib`` inside ``runtime.config.callables`` while fuzzing."""
 
     @staticmethod
     def import_module(name: str) -> ModuleType:
@@ -56,7 +56,7 @@ class _GuardedImports:
         return importlib.import_module(name)
 
 
-config_module.importlib = _GuardedImports  # type: ignore[assignment]
+callables_module.importlib = _GuardedImports  # type: ignore[assignment]
 
 BUNDLE = REPO_ROOT / "assets" / "bundles" / "add"
 PIPELINES = REPO_ROOT / "assets" / "pipelines"

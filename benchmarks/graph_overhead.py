@@ -52,10 +52,20 @@ MATMUL_ROWS: Final = (16, 32, 64, 128, 256, 512)
 TARGET_S: Final = 1e-3
 
 
-def in_process_session(bundle: VerifiedBundle) -> ort.InferenceSession:
-    """The session the worker creates for ``bundle`` on the demos' CPU route, made here."""
+def in_process_session(
+    bundle: VerifiedBundle, *, intra_op_threads: int = 0, allow_spinning: bool = True
+) -> ort.InferenceSession:
+    """The session the worker creates for ``bundle`` on the demos' CPU route, made here with
+    the thread options the plan gave the worker."""
     loaded = load_verified_graph(bundle.manifest_path, bundle.identity)
-    return create_session(loaded, [graphs.CPU], [graphs.CPU], graphs.CPU)
+    return create_session(
+        loaded,
+        [graphs.CPU],
+        [graphs.CPU],
+        graphs.CPU,
+        intra_op_threads=intra_op_threads,
+        allow_spinning=allow_spinning,
+    )
 
 
 def session_call(
@@ -103,10 +113,15 @@ def compare(
     pipeline = graphs.write_pipeline(
         folder / f"{name}.yaml", f"bench_{name}", [graphs.StageSpec(bundle, io_bytes)]
     )
-    session = in_process_session(bundle)
     rounds = options.count(10, 3)
     batch = options.count(100, 40)
     with Omni.from_yaml(pipeline, selection=DeviceSelection()) as omni:
+        threads = omni.execution_plan["stages"][0]["threads"]
+        session = in_process_session(
+            bundle,
+            intra_op_threads=int(threads["intra_op_threads"]),
+            allow_spinning=bool(threads["allow_spinning"]),
+        )
         through, direct = interleaved(
             [lambda: omni.run(inputs), session_call(session, inputs)],
             warmup=options.count(50, 10),
@@ -133,11 +148,12 @@ def compare(
 def _limits(details: Mapping[str, Detail]) -> str:
     return (
         f"Of the {details['added_p50_ms']} ms added at p50, {details['stage_transfer_p50_ms']} ms "
-        "is the stage call's round trip outside ONNX Runtime (an executor thread, the pipe to "
-        "the worker and back, the worker's call thread, the controller's reader thread); the "
-        "rest is the request's way through the orchestrator (caller -> event loop -> output "
-        "stream -> caller). Every hop is a thread or process wake-up that waits for a free "
-        "core, so the figure grows with the machine's load."
+        "is the stage call's round trip outside ONNX Runtime (the call frame written from the "
+        "event loop, the pipe to the worker and back, the worker's reading thread, the loop "
+        "woken by the result on the pipe); the rest is the request's way through the "
+        "orchestrator (caller -> event loop -> output stream -> caller). Every hop is a thread "
+        "or process wake-up that waits for a free core, so the figure grows with the "
+        "machine's load."
     )
 
 

@@ -59,8 +59,8 @@ DIRECT_SCRIPT: Final = Path(__file__).resolve().parent / "vllm_direct.py"
 def _prerequisites() -> tuple[Path, Path]:
     """The environment's Python and the tiny model (built when missing)."""
     try:
-        from runtime.adapters.tiny_llm import TinyModelError, ensure_tiny_model
         from runtime.envs import env_python
+        from runtime.models.tiny_llm import TinyModelError, ensure_tiny_model
     except ImportError as exc:
         raise NotRunnable(f"the vLLM stage is not available in this build ({exc})") from None
     python = env_python(ENV_NAME)

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
 
     from runtime.backends.graph import GraphTimeouts
     from runtime.devices import DeviceSelection, Topology
-    from runtime.engine.events import EventBus
     from runtime.engine.orchestrator import Request
+    from runtime.events import EventBus
     from runtime.ledger import ResourceLedger
 
 __all__ = ["AsyncOmni", "Omni", "OmniRequestOutput"]
@@ -108,8 +108,11 @@ class Omni:
                     yield output
                 finally:
                     output.release_stage_buffers()
+                if output.finished:
+                    # Nothing follows a final output: the loop winds the request up alone.
+                    return
         finally:
-            if not request.stream.closed:
+            if not request.stream.closed and not request.final_consumed:
                 self.orchestrator.cancel(request.request_id)
 
     def run(self, inputs: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
@@ -180,8 +183,10 @@ class AsyncOmni:
                     yield item
                 finally:
                     item.release_stage_buffers()
+                if item.finished:
+                    return
         finally:
-            if not request.stream.closed:
+            if not request.stream.closed and not request.final_consumed:
                 await asyncio.get_running_loop().run_in_executor(
                     None, self.orchestrator.cancel, request.request_id
                 )

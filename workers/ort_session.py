@@ -731,6 +731,18 @@ def check_call_inputs(
     Returns the bucket the inputs match.
     """
     buckets = (bucket,) if isinstance(bucket, Bucket) else tuple(bucket)
+    for candidate in buckets:
+        # The common case, without building any message: the inputs are exactly one bucket.
+        if len(arrays) == len(candidate.inputs) and all(
+            (array := arrays.get(spec.name)) is not None
+            and array.shape == spec.shape
+            and array.dtype.name == spec.dtype.value
+            for spec in candidate.inputs
+        ):
+            total = sum(int(arrays[spec.name].nbytes) for spec in candidate.inputs)
+            if total + candidate.output_nbytes <= max_io_bytes:
+                return candidate
+            break
     matched = _matching_bucket(arrays, buckets) if len(buckets) > 1 else None
     bucket = buckets[0] if matched is None else matched
     expected = {spec.name: spec for spec in bucket.inputs}

@@ -71,7 +71,7 @@ from runtime.transport.channel import (
     frame_acks,
 )
 from runtime.transport.handshake import send_hello
-from runtime.transport.shm import ShmError
+from runtime.transport.shm import ShmError, sweep_segments
 from workers.errors import WorkerError
 from workers.ort_session import (
     ORT_ERRORS,
@@ -482,6 +482,7 @@ def run(channel: FramedChannel, generation: int) -> int:
             return EXIT_PROTOCOL
         if first.shm_prefix is not None:
             channel.enable_shm(first.shm_prefix)
+        channel.binary_headers = first.binary_headers
         try:
             ready = worker.load(first)
         except WorkerError as error:
@@ -532,7 +533,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(channel, generation)
     finally:
+        prefix = channel.shm_prefix
         channel.close()
+        if prefix is not None:
+            # Whatever lives under this worker's prefix (the controller's input arena too)
+            # goes with it, also when the controller was killed and cannot remove it.
+            sweep_segments(prefix)
         _remove_private_tmpdir()
 
 

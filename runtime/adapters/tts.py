@@ -68,12 +68,8 @@ from runtime.adapters.tts_text import (
     Utterance,
     prepare_speech,
 )
-from runtime.adapters.voice_export import (
-    VoiceBundles,
-    acoustic_inputs,
-    chunk_inputs,
-    read_voice_bundles,
-)
+from runtime.adapters.voice_bundles import VoiceBundles, read_voice_bundles
+from runtime.adapters.voice_chunks import acoustic_inputs, chunk_inputs
 from runtime.config import GraphBackendConfig
 from runtime.engine.outputs import AudioChunk
 from runtime.errors import ConfigError, ModelError

@@ -32,6 +32,7 @@ from runtime.backends.base import (
 from runtime.backends.placement import PlacementReport, gate_placement
 from runtime.backends.worker_client import WorkerStageClient, worker_launch_spec
 from runtime.contracts import FrameLimits, RequestKey
+from runtime.contracts.binary import FEATURE as BINARY_FEATURE
 from runtime.contracts.buffers import DescriptorError
 from runtime.contracts.messages import (
     WORKER_TO_CONTROLLER,
@@ -64,11 +65,11 @@ from runtime.transport.shm import ShmError, new_prefix, sweep_segments
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    from runtime.backends.threads import ThreadPlan
     from runtime.config import RouteConfig
     from runtime.contracts.codec import Frame
     from runtime.contracts.messages import Message, TensorSpec
-    from runtime.engine.events import EventBus
-    from runtime.engine.threads import ThreadPlan
+    from runtime.events import EventBus
     from runtime.host import LaunchSpec, RetireOutcome
     from runtime.ledger import ResourceLedger, StageReservation
 
@@ -257,7 +258,10 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
             shm_prefix=self._shm_prefix,
             intra_op_threads=0 if self.threads is None else self.threads.intra_op_threads,
             allow_spinning=True if self.threads is None else self.threads.allow_spinning,
+            binary_headers=BINARY_FEATURE in self.peer_features,
         )
+        # Calls go out with binary headers to a worker that offered them.
+        channel.binary_headers = BINARY_FEATURE in self.peer_features
         channel.send_message(load, owner=self.name, generation=self.generation)
         assert self._load_future is not None
         try:
@@ -573,7 +577,11 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
                 del self._pending[call_id]
                 if self._channel is not None:
                     try:
-                        self._channel.send_message(CancelMessage(call_id), owner=self.name)
+                        self._channel.send_message(
+                            CancelMessage(call_id),
+                            owner=self.name,
+                            from_loop=self._channel.loop_reading,
+                        )
                     except ExecutionError:
                         pass
                 if not future.done():

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from runtime.backends.graph import GraphStageSpec
     from runtime.contracts import RequestKey
     from runtime.contracts.messages import TensorSpec
-    from runtime.engine.events import EventBus
+    from runtime.events import EventBus
     from runtime.errors import OmniError
     from runtime.ledger import ResourceLedger, StageReservation
     from workers.ort_session import Bucket, CallOutcome, CancellableRunner, OpenedGraph

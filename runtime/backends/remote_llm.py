@@ -76,7 +76,7 @@ if TYPE_CHECKING:
     from runtime.backends.base import LlmClient
     from runtime.contracts import RequestKey
     from runtime.contracts.llm_messages import SamplingSpec
-    from runtime.engine.events import EventBus
+    from runtime.events import EventBus
 
 __all__ = [
     "BACKEND_NAME",

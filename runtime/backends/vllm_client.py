@@ -79,7 +79,7 @@ if TYPE_CHECKING:
 
     from runtime.contracts.codec import Frame
     from runtime.contracts.messages import Message
-    from runtime.engine.events import EventBus
+    from runtime.events import EventBus
     from runtime.host import LaunchSpec, RetireOutcome, WorkerProcess
     from runtime.ledger import ResourceLedger, StageReservation
 

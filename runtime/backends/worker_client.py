@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, BinaryIO, ClassVar, Generic, Protocol, TypeVar
 
 from runtime.backends.base import ReservationRecord, WorkerRecord, reservation_record
 from runtime.backends.retirement import settle_reservation
-from runtime.contracts.messages import ShutdownMessage
-from runtime.engine.events import WorkerRetired
+from runtime.contracts.messages import HelloMessage, ShutdownMessage
 from runtime.errors import ExecutionError, WorkerDied
+from runtime.events import WorkerRetired
 from runtime.host import (
     LaunchSpec,
     default_project_root,
@@ -42,8 +42,8 @@ if TYPE_CHECKING:
 
     from runtime.contracts import FrameLimits
     from runtime.contracts.codec import Frame
-    from runtime.engine.events import EventBus
     from runtime.errors import OmniError
+    from runtime.events import EventBus
     from runtime.host import ProcessIdentity, RetireOutcome, WorkerProcess
     from runtime.ledger import ResourceLedger, StageReservation
 
@@ -134,6 +134,7 @@ class WorkerStageClient(ABC, Generic[ReadyT]):
         self._bye: asyncio.Future[None] | None = None
         self._failure: OmniError | None = None
         self._retire_task: asyncio.Task[RetireOutcome | None] | None = None
+        self._hello: HelloMessage | None = None
         self._closed = False
 
     # -- what a subclass adds ----------------------------------------------------------
@@ -174,6 +175,11 @@ class WorkerStageClient(ABC, Generic[ReadyT]):
     @property
     def failure(self) -> OmniError | None:
         return self._failure
+
+    @property
+    def peer_features(self) -> frozenset[str]:
+        """The features the worker offered in its hello."""
+        return frozenset(() if self._hello is None else self._hello.offered_features)
 
     @property
     def pid(self) -> int | None:
@@ -222,7 +228,7 @@ class WorkerStageClient(ABC, Generic[ReadyT]):
         assert channel is not None
         assert worker is not None
         try:
-            await loop.run_in_executor(
+            self._hello = await loop.run_in_executor(
                 None,
                 lambda: expect_hello(
                     channel,
@@ -367,7 +373,9 @@ class WorkerStageClient(ABC, Generic[ReadyT]):
         if self._failure is None and channel is not None and reading:
             self._bye = self._loop.create_future()
             try:
-                channel.send_message(ShutdownMessage(), owner=self.name)
+                channel.send_message(
+                    ShutdownMessage(), owner=self.name, from_loop=channel.loop_reading
+                )
                 await asyncio.wait_for(self._bye, self.timeouts.shutdown_s)
             except (ExecutionError, TimeoutError):
                 pass

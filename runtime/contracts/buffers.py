@@ -12,7 +12,7 @@ import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 #: Largest byte count a descriptor may name (fits a signed 64-bit length everywhere).
 MAX_BUFFER_BYTES = 2**63 - 1
@@ -67,6 +67,9 @@ _ITEMSIZE: dict[DType, int] = {
     DType.FLOAT32: 4,
     DType.FLOAT64: 8,
 }
+
+
+_ITEMSIZE_BY_VALUE: dict[str, int] = {dtype.value: size for dtype, size in _ITEMSIZE.items()}
 
 
 class DescriptorError(ValueError):
@@ -159,12 +162,15 @@ class BufferDescriptor:
         if not isinstance(shape, list):
             raise DescriptorError("bad_descriptor", "descriptor shape must be a list of integers")
         dtype = DType.parse(wire["dtype"])
-        location = wire.get("location")
-        offset = wire.get("offset")
-        _validate(wire["owner"], wire["generation"], wire["nbytes"], shape, dtype, location)
-        _validate_offset(offset, location)
+        # Construction validates every field (__post_init__), before anything is allocated.
         return cls(
-            wire["owner"], wire["generation"], wire["nbytes"], dtype, tuple(shape), location, offset
+            wire["owner"],
+            wire["generation"],
+            wire["nbytes"],
+            dtype,
+            tuple(shape),
+            wire.get("location"),
+            wire.get("offset"),
         )
 
 
@@ -185,6 +191,34 @@ def _validate_offset(offset: object, location: object) -> None:
 
 
 def _validate(
+    owner: object,
+    generation: object,
+    nbytes: object,
+    shape: object,
+    dtype: object,
+    location: object,
+) -> None:
+    # The common case first, in a few operations: every field well-formed.
+    if (
+        type(owner) is str
+        and 0 < len(owner) <= 256
+        and type(generation) is int
+        and 0 <= generation <= MAX_BUFFER_BYTES
+        and type(nbytes) is int
+        and 0 <= nbytes <= MAX_BUFFER_BYTES
+        and type(shape) in (tuple, list)
+        and len(shape) <= MAX_DIMS  # type: ignore[arg-type]
+        and all(type(dim) is int and 0 < dim <= MAX_BUFFER_BYTES for dim in shape)  # type: ignore[attr-defined]
+        and type(dtype) is DType
+        and (location is None or (type(location) is str and 0 < len(location) <= 255))
+    ):
+        size = math.prod(cast("tuple[int, ...]", shape)) * _ITEMSIZE_BY_VALUE[dtype._value_]
+        if size == nbytes:
+            return
+    _validate_slowly(owner, generation, nbytes, shape, dtype, location)
+
+
+def _validate_slowly(
     owner: object,
     generation: object,
     nbytes: object,

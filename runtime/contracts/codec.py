@@ -27,6 +27,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import binary
 from .buffers import BufferDescriptor, DescriptorError
 from .versions import KNOWN_FEATURES, PROTOCOL_VERSION, FeatureError, check_required
 
@@ -109,10 +110,14 @@ def encode_frame_parts(
     body: Mapping[str, Any] | None = None,
     buffers: Sequence[tuple[BufferDescriptor, bytes | bytearray | memoryview | None]] = (),
     required: Iterable[str] = (),
+    *,
+    binary_header: bool = False,
 ) -> list[bytes | memoryview]:
     """Encode one frame as a list of byte chunks, ready for a gathered write.
 
-    ``buffers`` pairs each descriptor with its bytes (``None`` for shared memory).
+    ``buffers`` pairs each descriptor with its bytes (``None`` for shared memory). With
+    ``binary_header`` (the peer offered ``binary-header``), a ``call``, ``result`` or ``ack``
+    gets the compact binary header (:mod:`.binary`); any other frame a JSON one.
     """
     required = tuple(required)
     descriptors = [d for d, _ in buffers]
@@ -120,6 +125,11 @@ def encode_frame_parts(
         required = (*required, "shm-buffers")
     if any(d.in_arena for d in descriptors) and "shm-arena" not in required:
         required = (*required, "shm-arena")
+    packed = (
+        binary.encode_header(kind, body or {}, descriptors, required) if binary_header else None
+    )
+    if packed is not None:
+        return _with_payload(binary.MAGIC, packed, buffers)
     header: dict[str, Any] = {"v": PROTOCOL_VERSION, "kind": kind}
     if required:
         header["required"] = list(required)
@@ -127,9 +137,14 @@ def encode_frame_parts(
         header["buffers"] = [d.to_wire() for d in descriptors]
     if body:
         header["body"] = dict(body)
-    header_bytes = json.dumps(
-        header, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode("utf-8")
+    return _with_payload(MAGIC, _HEADER_ENCODER.encode(header).encode("utf-8"), buffers)
+
+
+def _with_payload(
+    magic: bytes,
+    header_bytes: bytes,
+    buffers: Sequence[tuple[BufferDescriptor, bytes | bytearray | memoryview | None]],
+) -> list[bytes | memoryview]:
     chunks: list[bytes | memoryview] = []
     payload_len = 0
     for descriptor, data in buffers:
@@ -145,7 +160,7 @@ def encode_frame_parts(
             payload_len += view.nbytes
         elif data is not None:
             raise ValueError("a shared-memory buffer carries no inline bytes")
-    return [PREFIX.pack(MAGIC, len(header_bytes), payload_len), header_bytes, *chunks]
+    return [PREFIX.pack(magic, len(header_bytes), payload_len), header_bytes, *chunks]
 
 
 def encode_frame(
@@ -153,9 +168,11 @@ def encode_frame(
     body: Mapping[str, Any] | None = None,
     buffers: Sequence[tuple[BufferDescriptor, bytes | bytearray | memoryview | None]] = (),
     required: Iterable[str] = (),
+    *,
+    binary_header: bool = False,
 ) -> bytes:
     """Encode one frame into a single bytes object."""
-    return b"".join(encode_frame_parts(kind, body, buffers, required))
+    return b"".join(encode_frame_parts(kind, body, buffers, required, binary_header=binary_header))
 
 
 def _reject_constant(name: str) -> Any:
@@ -177,6 +194,13 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise ValueError(f"duplicate key {key!r}")
         out[key] = value
     return out
+
+
+#: Made once: ``json.dumps``/``json.loads`` with options build a new coder on every call.
+_HEADER_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_HEADER_DECODER = json.JSONDecoder(
+    object_pairs_hook=_no_duplicates, parse_constant=_reject_constant, parse_float=_finite_float
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +231,7 @@ class FrameDecoder:
         self._payload_len = 0
         self._pending: _Pending | None = None
         self._failed: FrameError | None = None
+        self._binary = False
 
     def bytes_needed(self) -> int:
         """How many more bytes complete the current step (prefix, header or payload)."""
@@ -224,15 +249,25 @@ class FrameDecoder:
         frames: list[Frame] = []
         try:
             while True:
-                if self.bytes_needed() == 0:
+                need = self.bytes_needed()
+                if need == 0:
                     # Also completes steps of length zero (an empty payload).
-                    frame = self._advance()
+                    step = bytes(self._buf)
+                    self._buf = bytearray()
+                    frame = self._advance(step)
                     if frame is not None:
                         frames.append(frame)
                     continue
                 if not view.nbytes:
                     break
-                take = min(self.bytes_needed(), view.nbytes)
+                if not self._buf and view.nbytes >= need:
+                    # A whole step is here: decode it from the input, without buffering.
+                    frame = self._advance(view[:need])
+                    view = view[need:]
+                    if frame is not None:
+                        frames.append(frame)
+                    continue
+                take = min(need, view.nbytes)
                 self._buf += view[:take]
                 view = view[take:]
         except FrameError as exc:
@@ -254,26 +289,24 @@ class FrameDecoder:
     def at_boundary(self) -> bool:
         return self._header_len is None and not self._buf
 
-    def _advance(self) -> Frame | None:
+    def _advance(self, step: bytes | memoryview) -> Frame | None:
+        """Complete the current step with its bytes (exactly what it needed)."""
         if self._header_len is None:
-            self._read_prefix()
+            self._read_prefix(step)
             return None
         if self._pending is None:
-            header = bytes(self._buf)
-            self._buf = bytearray()
-            self._pending = self._parse_header(header)
+            self._pending = self._parse_header(bytes(step))
             return None
         pending = self._pending
-        payload = bytes(self._buf)
-        self._buf = bytearray()
         self._header_len = None
         self._pending = None
-        return _assemble(pending, payload)
+        return _assemble(pending, bytes(step))
 
-    def _read_prefix(self) -> None:
-        magic, header_len, payload_len = PREFIX.unpack(bytes(self._buf))
-        if magic != MAGIC:
+    def _read_prefix(self, step: bytes | memoryview) -> None:
+        magic, header_len, payload_len = PREFIX.unpack(step)
+        if magic != MAGIC and (magic != binary.MAGIC or binary.FEATURE not in self.known_features):
             raise FrameError("bad_magic", f"expected {MAGIC!r}, got {magic!r}")
+        self._binary = magic == binary.MAGIC
         if header_len > self.limits.max_header_bytes:
             raise FrameError(
                 "header_too_large",
@@ -290,13 +323,10 @@ class FrameDecoder:
         self._payload_len = payload_len
 
     def _parse_header(self, raw: bytes) -> _Pending:
+        if self._binary:
+            return self._parse_binary_header(raw)
         try:
-            header = json.loads(
-                raw.decode("utf-8"),
-                object_pairs_hook=_no_duplicates,
-                parse_constant=_reject_constant,
-                parse_float=_finite_float,
-            )
+            header = _HEADER_DECODER.decode(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise FrameError("bad_header_json", f"header is not valid JSON: {exc}") from None
         if not isinstance(header, dict):
@@ -339,6 +369,23 @@ class FrameDecoder:
                 descriptors.append(BufferDescriptor.from_wire(wire))
             except DescriptorError as exc:
                 raise FrameError(exc.code, f"buffer {index}: {exc}") from None
+        return self._checked(kind, body, descriptors, required)
+
+    def _parse_binary_header(self, raw: bytes) -> _Pending:
+        try:
+            kind, body, found, required = binary.decode_header(raw, self.limits.max_buffers)
+        except binary.BinaryHeaderError as exc:
+            raise FrameError(exc.code, str(exc)) from None
+        return self._checked(kind, body, list(found), list(required))
+
+    def _checked(
+        self,
+        kind: str,
+        body: dict[str, Any],
+        descriptors: list[BufferDescriptor],
+        required: list[str],
+    ) -> _Pending:
+        """The checks every header passes, JSON or binary, once its fields are parsed."""
         inline_total = sum(d.nbytes for d in descriptors if d.inline)
         if inline_total != self._payload_len:
             raise FrameError(

@@ -17,10 +17,11 @@ and what is accepted.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, Self
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, Self, cast
 
 from .buffers import DescriptorError, DType
 from .versions import KNOWN_FEATURES, Negotiated, negotiate
@@ -129,21 +130,29 @@ class Message:
         """Parse and validate a frame body; raise :class:`MessageError` on any defect."""
         if not isinstance(body, Mapping):
             raise MessageError("bad_body", f"{cls.KIND} body must be a JSON object")
-        names = [field.name for field in dataclasses.fields(cls)]  # type: ignore[arg-type]
-        unknown = sorted(set(body) - set(names))
-        if unknown:
+        names, required = _field_names(cast("type", cls))
+        if body.keys() - names:
+            unknown = sorted(set(body) - set(names))
             raise MessageError(
-                "unknown_field", f"{cls.KIND} has no field(s) {unknown}; fields: {names}"
+                "unknown_field", f"{cls.KIND} has no field(s) {unknown}; fields: {list(names)}"
             )
-        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-        missing = [
-            field.name
-            for field in fields
-            if field.name not in body and field.default is dataclasses.MISSING
-        ]
-        if missing:
+        if required - body.keys():
+            missing = [name for name in names if name in required and name not in body]
             raise MessageError("missing_field", f"{cls.KIND} is missing field(s) {missing}")
-        return cls(**{name: body[name] for name in names if name in body})
+        return cls(**body)
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[tuple[str, ...], frozenset[str]]:
+    """A message class's field names in order, and those without a default (required)."""
+    fields = dataclasses.fields(cls)
+    names = tuple(field.name for field in fields)
+    required = frozenset(
+        field.name
+        for field in fields
+        if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+    )
+    return names, required
 
 
 def _to_wire(value: object) -> object:
@@ -228,10 +237,13 @@ class LoadMessage(Message):
     #: ONNX Runtime's intra-op threads (0: its default, one per core) and whether they spin.
     intra_op_threads: int = 0
     allow_spinning: bool = True
+    #: The controller reads binary headers: the worker may send its results with them.
+    binary_headers: bool = False
 
     def __post_init__(self) -> None:
         kind = self.KIND
         _check_str(kind, "manifest_path", self.manifest_path)
+        _check_bool(kind, "binary_headers", self.binary_headers)
         _check_int(kind, "intra_op_threads", self.intra_op_threads)
         _check_bool(kind, "allow_spinning", self.allow_spinning)
         _check_str(kind, "expected_identity", self.expected_identity)

@@ -21,6 +21,7 @@ KNOWN_FEATURES: frozenset[str] = frozenset(
         "inline-buffers",  # raw buffers carried in the frame payload
         "shm-buffers",  # buffers carried by named shared memory + generation acks
         "shm-arena",  # buffers at an offset of a producer's persistent shared-memory arena
+        "binary-header",  # call, result and ack frames with the compact binary header
         "cancel",  # cooperative cancellation of an in-flight call
         "placement-report",  # worker reports provider node assignments after warm-up
         "text-stream",  # streamed text deltas (language-model stages)

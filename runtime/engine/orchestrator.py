@@ -24,13 +24,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from runtime.contracts import RequestKey, new_request_id
-from runtime.engine.events import (
-    EventBus,
-    PipelineClosed,
-    PipelineReady,
-    RequestAdmitted,
-    RequestFinished,
-)
 from runtime.engine.metrics import RequestMetrics, StageCallMetrics, StageTotals
 from runtime.engine.outputs import END, OutputStream
 from runtime.engine.program import PipelineProgram, RequestContext, load_program
@@ -41,6 +34,13 @@ from runtime.errors import (
     RequestCancelled,
     ResourceUnavailable,
     UsageError,
+)
+from runtime.events import (
+    EventBus,
+    PipelineClosed,
+    PipelineReady,
+    RequestAdmitted,
+    RequestFinished,
 )
 from runtime.ledger import ResourceLedger
 
@@ -93,6 +93,9 @@ class Request:
     cancelled: bool = False
     #: Set by any thread the moment a cancel is asked for, before the loop gets to it.
     cancel_requested: bool = False
+    #: Set by the caller's thread when it acknowledges the request's final output: the
+    #: request no longer counts against admission while the loop winds it up.
+    final_consumed: bool = False
     stage_metrics: list[StageCallMetrics] = field(default_factory=list)
 
 
@@ -122,6 +125,8 @@ class Orchestrator:
         )
         self.program: PipelineProgram = load_program(config)
         self._lock = threading.Lock()
+        #: Notified whenever a request is wound up (see :meth:`metrics`).
+        self._finished = threading.Condition(self._lock)
         self._running: list[Request] = []
         #: Requests run at once, known once the stages started (see StageRuntime.concurrency).
         self._concurrency = 1
@@ -202,8 +207,13 @@ class Orchestrator:
 
     async def _shutdown(self) -> None:
         requests = list(self._requests.values())
+        # A request whose final output was consumed is winding up: let it finish.
+        consumed = [r.task for r in requests if r.final_consumed and r.task is not None]
+        if consumed:
+            await asyncio.wait(consumed, timeout=JOIN_DEADLINE_S)
         for request in requests:
-            await self._cancel(request, "the pipeline was closed")
+            if request.task is None or not request.task.done():
+                await self._cancel(request, "the pipeline was closed")
         await self._runtime.close()
 
     def __enter__(self) -> Orchestrator:
@@ -237,8 +247,15 @@ class Orchestrator:
         return self._runtime.example_inputs()
 
     def metrics(self) -> dict[str, Any]:
-        """Per-stage metrics of every finished request, and totals per stage."""
-        with self._lock:
+        """Per-stage metrics of every finished request, and totals per stage.
+
+        A request whose final output was consumed is counted once the loop has wound it up
+        (this waits for that, briefly)."""
+        with self._finished:
+            self._finished.wait_for(
+                lambda: not any(request.final_consumed for request in self._running),
+                timeout=JOIN_DEADLINE_S,
+            )
             completed = list(self._completed)
         per_stage: dict[str, StageTotals] = {}
         for request in completed:
@@ -269,7 +286,8 @@ class Orchestrator:
                 raise UsageError(f"pipeline {self.config.pipeline} is not running ({self._state})")
             if request_id in self._requests:
                 raise UsageError(f"request id {request_id} is already in use")
-            if len(self._running) < self._concurrency:
+            active = sum(1 for running in self._running if not running.final_consumed)
+            if active < self._concurrency:
                 self._running.append(request)
                 queued = False
             elif len(self._queue) < self.config.max_queued:
@@ -285,7 +303,9 @@ class Orchestrator:
                         f"it admits {self._concurrency} requests at a time, the max_num_seqs "
                         "of its language-model stage"
                     )
-                busy = ", ".join(running.request_id for running in self._running)
+                busy = ", ".join(
+                    running.request_id for running in self._running if not running.final_consumed
+                )
                 raise ResourceUnavailable(
                     f"pipeline {self.config.pipeline} is busy with {busy} "
                     f"({limit}); consume or cancel one, then retry"
@@ -378,6 +398,7 @@ class Orchestrator:
                 RequestMetrics(request.request_id, status, tuple(request.stage_metrics))
             )
             del self._completed[:-1000]
+            self._finished.notify_all()
         self.events.publish(
             RequestFinished(request_id=request.request_id, status=status, message=message)
         )

@@ -29,11 +29,11 @@ import numpy as np
 from runtime.config import LlmBackendConfig, resolve_callable
 from runtime.contracts.llm_messages import SamplingSpec
 from runtime.contracts.messages import MessageError
-from runtime.engine.events import EventBus, RequestOutputReady, StageCallFinished
 from runtime.engine.metrics import GenerationMetrics, StageCallMetrics
 from runtime.engine.outputs import OmniRequestOutput
 from runtime.engine.stages import GraphStage, LlmStage, StageHandle
 from runtime.errors import ModelError, RequestCancelled, UsageError
+from runtime.events import EventBus, RequestOutputReady, StageCallFinished
 from runtime.pipeline_input import TENSOR_INPUT, TEXT_INPUT
 
 if TYPE_CHECKING:
@@ -476,7 +476,16 @@ class RequestContext:
             },
             text=text,
         )
-        output._release = lambda: self._release_from_any_thread(loop, acknowledged)
+        request = self.request
+
+        def release() -> None:
+            if finished:
+                # From the caller's thread: the request is consumed; no need to wait for the
+                # loop before admitting the next one.
+                request.final_consumed = True
+            self._release_from_any_thread(loop, acknowledged)
+
+        output._release = release
         self._outstanding += 1
         self._index += 1
         self.request.stream.put(output)

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from runtime.adapters.tiny_llm import TinyModelError, ensure_tiny_model
 from runtime.artifacts import VerifiedBundle, verify_bundle
 from runtime.backends.graph import GraphStageClient, GraphStageSpec, GraphTimeouts
 from runtime.backends.inprocess import INPROCESS_WORKER, InProcessGraphClient
+from runtime.backends.threads import plan_threads
 from runtime.backends.vllm_client import (
     DEFAULT_MEMORY_CONSTRAINT,
     VllmRoute,
@@ -48,12 +48,12 @@ from runtime.devices import (
     discover_topology,
     load_selection,
 )
-from runtime.engine.events import EventBus, StageReady, StageStarting
 from runtime.engine.stages import GraphStage, LlmStage, StageHandle
-from runtime.engine.threads import plan_threads
 from runtime.envs.manager import envs_root
 from runtime.errors import ConfigError, ExecutionError, OmniError, UsageError
+from runtime.events import EventBus, StageReady, StageStarting
 from runtime.host import RouteError, is_frozen, resolve_interpreter, worker_argv
+from runtime.models.tiny_llm import TinyModelError, ensure_tiny_model
 
 if TYPE_CHECKING:
     from runtime.backends.base import GraphClient, LlmClient, StageClient

@@ -19,7 +19,6 @@ import select
 import sys
 import threading
 import time
-from asyncio import get_running_loop as asyncio_running_loop
 from collections import deque
 from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn, TypeVar, cast
 
@@ -199,6 +198,9 @@ class FramedChannel:
         self._consumer: ShmConsumer | None = None
         self._arena_reader: ArenaReader | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: Send call, result and ack frames with the compact binary header (set once the
+        #: peer offered ``binary-header``); every frame received is accepted either way.
+        self.binary_headers = False
         self._closed = False
         self._write_broken = False
         self._read_failed: ProtocolError | ChannelClosed | None = None
@@ -383,11 +385,14 @@ class FramedChannel:
                 else:
                     descriptor = BufferDescriptor.for_array(owner, generation, dtype, shape)
                     parts.append((descriptor, _bytes_of(array)))
-            chunks = encode_frame_parts(kind, body, parts, required)
+            binary = self.binary_headers
+            chunks = encode_frame_parts(kind, body, parts, required, binary_header=binary)
             self._check_outgoing(kind, len(parts), chunks)
             leading: list[bytes | memoryview] = []
             for message in before:
-                leading.extend(encode_frame_parts(message.KIND, message.to_body()))
+                leading.extend(
+                    encode_frame_parts(message.KIND, message.to_body(), binary_header=binary)
+                )
             self._write([*leading, *chunks], from_loop=from_loop)
         except BaseException:
             for producer, segment_generation in written:
@@ -433,7 +438,11 @@ class FramedChannel:
         frames: list[bytes | memoryview] = []
         for owner, generation in acks:
             message = AckMessage(owner, generation)
-            frames.extend(encode_frame_parts(message.KIND, message.to_body()))
+            frames.extend(
+                encode_frame_parts(
+                    message.KIND, message.to_body(), binary_header=self.binary_headers
+                )
+            )
         if frames:
             self._write(frames, from_loop=from_loop)
 
@@ -754,8 +763,11 @@ class FramedChannel:
         fd = self._read_fd
         if loop is None or fd is None or loop.is_closed():
             return
+        # Imported here: a worker, which never reads on a loop, need not load asyncio.
+        import asyncio
+
         try:
-            running = asyncio_running_loop()
+            running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
         if running is loop:

@@ -26,7 +26,6 @@ from app.presenters import (
     toggled_selection,
 )
 from runtime.devices import DeviceSelection, discover_topology, load_topology
-from runtime.engine.events import StageCallFinished, StageReady, WorkerRetired
 from runtime.engine.outputs import OmniRequestOutput
 from runtime.engine.stage_runtime import StageStartError
 from runtime.errors import (
@@ -39,6 +38,7 @@ from runtime.errors import (
     VerificationError,
     WorkerDied,
 )
+from runtime.events import StageCallFinished, StageReady, WorkerRetired
 
 
 def _output(

@@ -22,6 +22,7 @@ def test_the_wire_names_are_stable() -> None:
                 "inline-buffers",
                 "shm-buffers",
                 "shm-arena",
+                "binary-header",
                 "cancel",
                 "placement-report",
                 "text-stream",
@@ -46,7 +47,7 @@ def test_unknown_required_features_are_refused_by_name() -> None:
     assert info.value.unknown == ("alpha", "zeta")
     message = str(info.value)
     assert "alpha, zeta" in message
-    assert "this side implements: cancel, inline-buffers" in message
+    assert "this side implements: binary-header, cancel, inline-buffers" in message
 
 
 @pytest.mark.parametrize("version", [0, 2, True, 1.0, "1"])

@@ -91,17 +91,28 @@ def _install_noise() -> None:
 
 def _install_stale_acks() -> None:
     send_acks = FramedChannel.send_acks
+    send_message = FramedChannel.send_message
     previous: list[tuple[str, int]] = []
 
-    def stale_acks(self: FramedChannel, acks: Any) -> None:
+    def repeated(acks: Any) -> list[tuple[str, int]]:
         current = list(acks)
-        send_acks(self, current)
-        send_acks(self, current)
-        send_acks(self, previous)
-        send_acks(self, [("nobody", 1)])
+        if not current:
+            return current
+        # Each twice, the previous call's again, and one for an owner that never existed.
+        spoiled = [*current, *current, *previous, ("nobody", 1)]
         previous[:] = current
+        return spoiled
+
+    def stale_acks(self: FramedChannel, acks: Any, **options: Any) -> None:
+        send_acks(self, repeated(acks), **options)
+
+    def stale_message(self: FramedChannel, message: Any, *args: Any, **options: Any) -> int:
+        # The worker acknowledges a call's inputs in the same write as its result.
+        options["acks"] = repeated(options.get("acks", ()))
+        return send_message(self, message, *args, **options)
 
     FramedChannel.send_acks = stale_acks  # type: ignore[method-assign]
+    FramedChannel.send_message = stale_message  # type: ignore[method-assign]
 
 
 def _bad_result(fault: str) -> int:

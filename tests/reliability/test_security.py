@@ -30,7 +30,7 @@ import pytest
 from runtime.api import Omni
 from runtime.contracts.buffers import DescriptorError
 from runtime.host import GENERATION_VARIABLE, INHERITED_VARIABLES
-from runtime.transport import shm
+from runtime.transport import arena, shm
 from runtime.transport.channel import FramedChannel
 from tests.reliability.support import record
 from tests.runtime.engine.support import StageSpec, write_pipeline
@@ -137,19 +137,19 @@ def test_shared_memory_segments_are_random_and_owner_only(
         assert stat.S_ISREG(info.st_mode)
         return stat.S_IMODE(info.st_mode), info.st_uid
 
-    create, copy = shm._create_segment, shm._copy_segment
+    create, mapped = arena._create_mapping, arena._open_mapping
 
-    def spy_create(name: str, data: memoryview) -> Any:
-        handle = create(name, data)
+    def spy_create(name: str, size: int) -> Any:
+        handle = create(name, size)
         seen.append(("controller", name, *stat_of(name)))
         return handle
 
-    def spy_copy(name: str, destination: memoryview) -> None:
+    def spy_open(name: str) -> Any:
         seen.append(("worker", name, *stat_of(name)))
-        copy(name, destination)
+        return mapped(name)
 
-    monkeypatch.setattr(shm, "_create_segment", spy_create)
-    monkeypatch.setattr(shm, "_copy_segment", spy_copy)
+    monkeypatch.setattr(arena, "_create_mapping", spy_create)
+    monkeypatch.setattr(arena, "_open_mapping", spy_open)
     pipeline = write_pipeline(tmp_path / "loop.yaml", StageSpec(loop_manifest, max_io="4MiB"))
     with np.load(loop_manifest.parent / "inputs.npz", allow_pickle=False) as archive:
         inputs = {"x": archive["x"], "n": np.array(1, np.int64)}
@@ -162,8 +162,9 @@ def test_shared_memory_segments_are_random_and_owner_only(
                 omni.run(inputs)
                 omni.run(inputs)
             run = seen[before:]
-            # Each call: the 1 MiB input written here, the 1 MiB result written by the worker.
-            assert sorted(side for side, *_ in run) == ["controller"] * 2 + ["worker"] * 2
+            # One arena each, mapped once for both calls: the inputs' made here, the results'
+            # made by the worker and mapped here.
+            assert sorted(side for side, *_ in run) == ["controller", "worker"]
             prefixes.append({SEGMENT_NAME.fullmatch(name).group(3) for _, name, *_ in run})  # type: ignore[union-attr]
     for side, name, mode, uid in seen:
         match = SEGMENT_NAME.fullmatch(name)

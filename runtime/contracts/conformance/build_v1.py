@@ -2,7 +2,8 @@
 
 Every stream is assembled here by hand from ``struct`` and ``json`` rather than by the
 codec under test, so the fixtures pin the wire format independently of this
-implementation. Regenerate with ``python -m runtime.contracts.conformance.build_v1``;
+implementation: the valid streams here, the malformed ones in ``v1_errors``, both from the
+pieces of ``v1_streams``. Regenerate with ``python -m runtime.contracts.conformance.build_v1``;
 ``--check`` exits with status 1 when the file on disk differs from what would be built.
 """
 
@@ -10,41 +11,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import struct
 import sys
 from pathlib import Path
 from typing import Any
 
+from runtime.contracts.conformance.v1_binary import binary_fixtures
+from runtime.contracts.conformance.v1_errors import error_fixtures
+from runtime.contracts.conformance.v1_streams import (
+    DEFAULT_LIMITS,
+    ERROR_MEANINGS,
+    SAMPLES,
+    Fixtures,
+    descriptor_of,
+    frame_bytes,
+    header_of,
+    json_bytes,
+    packed,
+)
+
 OUTPUT = Path(__file__).with_name("v1.json")
-
-MAGIC = b"OEF1"
-_PREFIX = struct.Struct("<4sIQ")
-DEFAULT_LIMITS = {"max_header_bytes": 1 << 20, "max_buffers": 256, "max_total_bytes": 256 << 20}
-
-ERROR_MEANINGS = {
-    "bad_magic": "the 4 magic bytes are not b'OEF1'",
-    "truncated": "the stream ended inside a frame (prefix, header or payload)",
-    "header_too_large": "header_len is above max_header_bytes",
-    "frame_too_large": "16 + header_len + payload_len is above max_total_bytes",
-    "bad_header_json": "the header is not strict UTF-8 JSON: bad UTF-8, a BOM, NaN or "
-    "Infinity, a number beyond a finite double, a duplicate key, or nesting too deep",
-    "bad_header": "the header is not an object, lacks 'v' or 'kind', has an unknown key, "
-    "or a field has the wrong type",
-    "unsupported_version": "'v' is an integer other than 1",
-    "unknown_required_feature": "'required' names a feature the receiver does not implement",
-    "too_many_buffers": "more descriptors than max_buffers",
-    "bad_descriptor": "a descriptor is not an object, misses or adds a field, has a field of "
-    "the wrong type, or names shared memory without 'shm-buffers' in 'required'",
-    "bad_dtype": "dtype is not one of the 12 names",
-    "negative_length": "nbytes or a dimension is negative",
-    "length_overflow": "nbytes, a dimension, or the product of the non-zero dimensions "
-    "times the item size is above 2**63 - 1",
-    "size_mismatch": "nbytes differs from prod(shape) * itemsize",
-    "payload_mismatch": "the inline descriptors' nbytes do not add up to payload_len",
-    "trailing_bytes": "bytes follow the frame where exactly one was expected "
-    "(one-frame decoding only; not used by these stream fixtures)",
-    "closed": "the decoder already failed or was closed (not used by these fixtures)",
-}
 
 FORMAT: dict[str, Any] = {
     "description": "Conformance fixtures for the Omni Edge frame codec, wire version 1. "
@@ -82,6 +67,7 @@ FORMAT: dict[str, Any] = {
         "float64": 8,
     },
     "known_features": [
+        "binary-header",
         "cancel",
         "inline-buffers",
         "placement-report",
@@ -116,179 +102,9 @@ FORMAT: dict[str, Any] = {
     "regenerate": "python -m runtime.contracts.conformance.build_v1",
 }
 
-_STRUCT_CODES = {
-    "bool": "?",
-    "int8": "b",
-    "int16": "h",
-    "int32": "i",
-    "int64": "q",
-    "uint8": "B",
-    "uint16": "H",
-    "uint32": "I",
-    "uint64": "Q",
-    "float16": "e",
-    "float32": "f",
-    "float64": "d",
-}
-_SAMPLES: dict[str, list[Any]] = {
-    "bool": [True, False, True],
-    "int8": [-128, 0, 127],
-    "int16": [-32768, 1, 32767],
-    "int32": [-(2**31), 1, 2**31 - 1],
-    "int64": [-(2**63), 1, 2**63 - 1],
-    "uint8": [0, 1, 255],
-    "uint16": [0, 1, 65535],
-    "uint32": [0, 1, 2**32 - 1],
-    "uint64": [0, 1, 2**64 - 1],
-    "float16": [1.0, -2.5, 65504.0],
-    "float32": [1.0, -2.5, 3.25],
-    "float64": [1.0, -2.5, 1e300],
-}
 
-_ITEMSIZE = {name: struct.calcsize("<" + code) for name, code in _STRUCT_CODES.items()}
-
-
-def _json(value: object) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
-
-
-def _frame(
-    header: object,
-    payload: bytes = b"",
-    *,
-    magic: bytes = MAGIC,
-    header_len: int | None = None,
-    payload_len: int | None = None,
-) -> bytes:
-    """Prefix + header + payload; ``header`` is a JSON value or raw header bytes."""
-    raw = header if isinstance(header, bytes) else _json(header)
-    return (
-        _PREFIX.pack(
-            magic,
-            len(raw) if header_len is None else header_len,
-            len(payload) if payload_len is None else payload_len,
-        )
-        + raw
-        + payload
-    )
-
-
-def _header(
-    kind: str,
-    *,
-    required: list[str] | None = None,
-    buffers: list[Any] | None = None,
-    body: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """A header in the encoder's canonical key order, empty fields omitted."""
-    header: dict[str, Any] = {"v": 1, "kind": kind}
-    if required:
-        header["required"] = required
-    if buffers:
-        header["buffers"] = buffers
-    if body:
-        header["body"] = body
-    return header
-
-
-def _desc(
-    owner: str,
-    dtype: str,
-    shape: list[int],
-    *,
-    generation: int = 0,
-    nbytes: int | None = None,
-    location: str | None = None,
-) -> dict[str, Any]:
-    size = _ITEMSIZE[dtype]
-    for dim in shape:
-        size *= dim
-    wire: dict[str, Any] = {
-        "owner": owner,
-        "generation": generation,
-        "nbytes": size if nbytes is None else nbytes,
-        "dtype": dtype,
-        "shape": shape,
-    }
-    if location is not None:
-        wire["location"] = location
-    return wire
-
-
-def _pack(dtype: str, values: list[Any]) -> bytes:
-    return struct.pack(f"<{len(values)}{_STRUCT_CODES[dtype]}", *values)
-
-
-def _expected(header: dict[str, Any], payloads: list[bytes | None]) -> dict[str, Any]:
-    return {
-        "kind": header["kind"],
-        "body": header.get("body", {}),
-        "required": header.get("required", []),
-        "buffers": header.get("buffers", []),
-        "payloads_hex": [None if p is None else p.hex() for p in payloads],
-    }
-
-
-class _Fixtures:
-    def __init__(self) -> None:
-        self.items: list[dict[str, Any]] = []
-
-    def _add(
-        self,
-        name: str,
-        description: str,
-        stream: bytes,
-        expect: dict[str, Any],
-        limits: dict[str, int] | None,
-        chunking: str | None,
-    ) -> None:
-        if any(item["name"] == name for item in self.items):
-            raise ValueError(f"duplicate fixture name {name!r}")
-        fixture: dict[str, Any] = {"name": name, "description": description}
-        if limits is not None:
-            fixture["limits"] = limits
-        if chunking is not None:
-            fixture["chunking"] = chunking
-        fixture["hex"] = stream.hex()
-        fixture["expect"] = expect
-        self.items.append(fixture)
-
-    def ok(
-        self,
-        name: str,
-        description: str,
-        frames: list[tuple[dict[str, Any], list[bytes | None]]],
-        *,
-        stream: bytes | None = None,
-        limits: dict[str, int] | None = None,
-        chunking: str | None = None,
-    ) -> None:
-        """A valid stream; by default the canonical encoding of ``frames``."""
-        if stream is None:
-            stream = b"".join(
-                _frame(header, b"".join(p for p in payloads if p is not None))
-                for header, payloads in frames
-            )
-        expect = {"frames": [_expected(header, payloads) for header, payloads in frames]}
-        self._add(name, description, stream, expect, limits, chunking)
-
-    def error(
-        self,
-        code: str,
-        name: str,
-        description: str,
-        stream: bytes,
-        *,
-        limits: dict[str, int] | None = None,
-        chunking: str | None = None,
-    ) -> None:
-        if code not in ERROR_MEANINGS:
-            raise ValueError(f"unknown error code {code!r}")
-        self._add(f"error/{code}/{name}", description, stream, {"error": code}, limits, chunking)
-
-
-def _valid(f: _Fixtures) -> None:
-    ping = _header("ping")
+def _valid(f: Fixtures) -> None:
+    ping = header_of("ping")
     f.ok("ok/minimal", "the smallest frame: version and kind only", [(ping, [])])
     f.ok("ok/empty_stream", "a stream with no bytes holds no frame and is not an error", [])
     body = {
@@ -301,98 +117,112 @@ def _valid(f: _Fixtures) -> None:
     f.ok(
         "ok/body_only",
         "a body of every JSON type, non-ASCII text sent as raw UTF-8",
-        [(_header("event", body=body), [])],
+        [(header_of("event", body=body), [])],
     )
-    for dtype, values in _SAMPLES.items():
-        desc = _desc("stage.out", dtype, [len(values)], generation=7)
+    for dtype, values in SAMPLES.items():
+        desc = descriptor_of("stage.out", dtype, [len(values)], generation=7)
         f.ok(
             f"ok/dtype/{dtype}",
             f"one inline {dtype} buffer of shape [3], little-endian",
-            [(_header("tensor", buffers=[desc]), [_pack(dtype, values)])],
+            [(header_of("tensor", buffers=[desc]), [packed(dtype, values)])],
         )
-    scalar = _desc("scalar", "float32", [])
+    scalar = descriptor_of("scalar", "float32", [])
     f.ok(
         "ok/scalar_shape",
         "shape [] is a scalar of one element",
-        [(_header("tensor", buffers=[scalar]), [_pack("float32", [0.5])])],
+        [(header_of("tensor", buffers=[scalar]), [packed("float32", [0.5])])],
     )
-    empty = _desc("empty", "float32", [0, 3])
+    empty = descriptor_of("empty", "float32", [0, 3])
     f.ok(
         "ok/zero_size_dims",
         "a zero dimension gives a buffer of 0 bytes and an empty payload",
-        [(_header("tensor", buffers=[empty]), [b""])],
+        [(header_of("tensor", buffers=[empty]), [b""])],
     )
-    wide_empty = _desc("empty", "int64", [0, 2**40, 2**19])
+    wide_empty = descriptor_of("empty", "int64", [0, 2**40, 2**19])
     f.ok(
         "ok/zero_size_large_dims",
         "zero size with large other dimensions whose product still fits 63 bits",
-        [(_header("tensor", buffers=[wide_empty]), [b""])],
+        [(header_of("tensor", buffers=[wide_empty]), [b""])],
     )
     many = [
-        _desc("a", "float32", [2, 3], generation=1),
-        _desc("b", "uint8", [0]),
-        _desc("c", "int16", [2], generation=2),
-        _desc("d", "bool", [1, 1, 1]),
+        descriptor_of("a", "float32", [2, 3], generation=1),
+        descriptor_of("b", "uint8", [0]),
+        descriptor_of("c", "int16", [2], generation=2),
+        descriptor_of("d", "bool", [1, 1, 1]),
     ]
     many_payloads: list[bytes | None] = [
-        _pack("float32", [1, 2, 3, 4, 5, 6]),
+        packed("float32", [1, 2, 3, 4, 5, 6]),
         b"",
-        _pack("int16", [-1, 1]),
-        _pack("bool", [True]),
+        packed("int16", [-1, 1]),
+        packed("bool", [True]),
     ]
     f.ok(
         "ok/multiple_buffers",
         "several inline buffers, split from the payload in descriptor order",
-        [(_header("batch", buffers=many, body={"step": 1}), many_payloads)],
+        [(header_of("batch", buffers=many, body={"step": 1}), many_payloads)],
     )
-    shm = _desc("stage.shm", "float32", [4, 4], generation=3, location="oe-shm-1")
-    inline = _desc("stage.inline", "uint8", [2])
+    shm = descriptor_of("stage.shm", "float32", [4, 4], generation=3, location="oe-shm-1")
+    inline = descriptor_of("stage.inline", "uint8", [2])
     f.ok(
         "ok/shm_descriptor",
         "a shared-memory descriptor (no inline bytes) beside an inline one",
         [
             (
-                _header("tensor", required=["shm-buffers"], buffers=[shm, inline]),
+                header_of("tensor", required=["shm-buffers"], buffers=[shm, inline]),
                 [None, b"\x01\x02"],
             )
         ],
     )
-    arena = dict(_desc("stage.arena", "float32", [4, 4], generation=7, location="oe-arena-1"))
+    arena = dict(
+        descriptor_of("stage.arena", "float32", [4, 4], generation=7, location="oe-arena-1")
+    )
     arena["offset"] = 4096
     f.ok(
         "ok/arena_descriptor",
         "a buffer at a byte offset of a producer's persistent shared-memory arena",
         [
             (
-                _header("tensor", required=["shm-buffers", "shm-arena"], buffers=[arena]),
+                header_of("tensor", required=["shm-buffers", "shm-arena"], buffers=[arena]),
                 [None],
             )
         ],
     )
-    huge = _desc("stage.shm", "int8", [2**63 - 1], location="oe-shm-huge")
+    huge = descriptor_of("stage.shm", "int8", [2**63 - 1], location="oe-shm-huge")
     f.ok(
         "ok/shm_max_nbytes",
         "the largest size a descriptor may name, 2**63 - 1, held in shared memory",
-        [(_header("tensor", required=["shm-buffers"], buffers=[huge]), [None])],
+        [(header_of("tensor", required=["shm-buffers"], buffers=[huge]), [None])],
     )
     f.ok(
         "ok/generation_max",
         "generation 2**63 - 1 is accepted",
-        [(_header("tensor", buffers=[_desc("g", "uint8", [1], generation=2**63 - 1)]), [b"\xff"])],
+        [
+            (
+                header_of(
+                    "tensor", buffers=[descriptor_of("g", "uint8", [1], generation=2**63 - 1)]
+                ),
+                [b"\xff"],
+            )
+        ],
     )
     f.ok(
         "ok/known_required_features",
         "required features the receiver implements are accepted",
-        [(_header("call", required=["cancel", "text-stream"], body={"id": "r1"}), [])],
+        [(header_of("call", required=["cancel", "text-stream"], body={"id": "r1"}), [])],
     )
     deep: Any = 0
     for _ in range(32):
         deep = [deep]
-    f.ok("ok/nesting_32", "a body nested 32 levels deep", [(_header("deep", body={"x": deep}), [])])
+    f.ok(
+        "ok/nesting_32", "a body nested 32 levels deep", [(header_of("deep", body={"x": deep}), [])]
+    )
     three: list[tuple[dict[str, Any], list[bytes | None]]] = [
         (ping, []),
-        (_header("tensor", buffers=[_desc("x", "uint16", [2])]), [_pack("uint16", [1, 2])]),
-        (_header("event", body={"done": True}), []),
+        (
+            header_of("tensor", buffers=[descriptor_of("x", "uint16", [2])]),
+            [packed("uint16", [1, 2])],
+        ),
+        (header_of("event", body={"done": True}), []),
     ]
     f.ok("ok/multiple_frames", "three frames back to back in one stream", three)
     f.ok(
@@ -401,7 +231,7 @@ def _valid(f: _Fixtures) -> None:
         three,
         chunking="bytewise",
     )
-    split = [(_header("batch", buffers=many, body={"step": 2}), many_payloads)]
+    split = [(header_of("batch", buffers=many, body={"step": 2}), many_payloads)]
     f.ok(
         "ok/split_bytewise",
         "a frame with buffers fed one byte at a time",
@@ -413,21 +243,21 @@ def _valid(f: _Fixtures) -> None:
         "ok/header_whitespace_key_order_escapes",
         "whitespace around the header, keys in any order and \\u escapes are valid JSON",
         [({"v": 1, "kind": "x", "body": {"k": "\u00e9"}}, [])],
-        stream=_frame(loose),
+        stream=frame_bytes(loose),
     )
     explicit = {"v": 1, "kind": "x", "required": [], "buffers": [], "body": {}}
     f.ok(
         "ok/explicit_empty_fields",
         "'required', 'buffers' and 'body' given explicitly empty equal their omission",
         [(explicit, [])],
-        stream=_frame(explicit),
+        stream=frame_bytes(explicit),
     )
-    limit_frame = _frame(ping)
+    limit_frame = frame_bytes(ping)
     f.ok(
         "ok/limits/header_at_limit",
         "a header of exactly max_header_bytes is accepted",
         [(ping, [])],
-        limits={**DEFAULT_LIMITS, "max_header_bytes": len(_json(ping))},
+        limits={**DEFAULT_LIMITS, "max_header_bytes": len(json_bytes(ping))},
     )
     f.ok(
         "ok/limits/frame_at_limit",
@@ -435,458 +265,21 @@ def _valid(f: _Fixtures) -> None:
         [(ping, [])],
         limits={**DEFAULT_LIMITS, "max_total_bytes": len(limit_frame)},
     )
-    two = [_desc("a", "uint8", [1]), _desc("b", "uint8", [1])]
+    two = [descriptor_of("a", "uint8", [1]), descriptor_of("b", "uint8", [1])]
     f.ok(
         "ok/limits/buffers_at_limit",
         "exactly max_buffers descriptors are accepted",
-        [(_header("t", buffers=two), [b"\x01", b"\x02"])],
+        [(header_of("t", buffers=two), [b"\x01", b"\x02"])],
         limits={**DEFAULT_LIMITS, "max_buffers": 2},
-    )
-
-
-def _errors(f: _Fixtures) -> None:
-    ping = _header("ping")
-    ping_frame = _frame(ping)
-    one = _desc("a", "float32", [2])
-    tensor = _header("tensor", buffers=[one])
-    tensor_frame = _frame(tensor, _pack("float32", [1, 2]))
-
-    def bad_header(raw: bytes, payload: bytes = b"") -> bytes:
-        return _frame(raw, payload)
-
-    def with_desc(desc: Any, payload: bytes = b"", **header: Any) -> bytes:
-        return _frame({"v": 1, "kind": "t", **header, "buffers": [desc]}, payload)
-
-    e = f.error
-    e("bad_magic", "wrong_version_digit", "magic 'OEF2'", _frame(ping, magic=b"OEF2"))
-    e("bad_magic", "lowercase", "magic is case-sensitive", _frame(ping, magic=b"oef1"))
-    e("bad_magic", "http", "a stream that is not ours at all", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-    e("bad_magic", "zeros", "16 zero bytes", bytes(16))
-    e(
-        "bad_magic",
-        "second_frame",
-        "a valid frame followed by one with a bad magic",
-        ping_frame + _frame(ping, magic=b"XEF1"),
-        chunking="bytewise",
-    )
-
-    e("truncated", "in_prefix", "the stream ends after 7 prefix bytes", tensor_frame[:7])
-    e("truncated", "after_prefix", "the stream ends right after the prefix", tensor_frame[:16])
-    e("truncated", "in_header", "the stream ends inside the header", tensor_frame[:30])
-    e(
-        "truncated",
-        "before_payload",
-        "the header is complete, the payload absent",
-        tensor_frame[:-8],
-    )
-    e("truncated", "in_payload", "the stream ends inside the payload", tensor_frame[:-3])
-    e(
-        "truncated",
-        "in_payload_bytewise",
-        "the same, fed one byte at a time",
-        tensor_frame[:-1],
-        chunking="bytewise",
-    )
-    e(
-        "truncated",
-        "after_frame",
-        "a complete frame, then 5 bytes of the next",
-        ping_frame * 2 + ping_frame[:5],
-    )
-
-    e(
-        "header_too_large",
-        "over_limit",
-        "a header one byte over max_header_bytes",
-        ping_frame,
-        limits={**DEFAULT_LIMITS, "max_header_bytes": len(_json(ping)) - 1},
-    )
-    e(
-        "header_too_large",
-        "u32_max",
-        "header_len 2**32 - 1 under the default limit, rejected from the prefix alone",
-        _PREFIX.pack(MAGIC, 2**32 - 1, 0),
-    )
-    e(
-        "header_too_large",
-        "default_limit_plus_one",
-        "header_len of 1 MiB + 1, rejected from the prefix alone",
-        _PREFIX.pack(MAGIC, (1 << 20) + 1, 0),
-    )
-    e(
-        "frame_too_large",
-        "u64_max_payload",
-        "payload_len 2**64 - 1, rejected before any payload byte is buffered",
-        _frame(ping, payload_len=2**64 - 1),
-    )
-    e(
-        "frame_too_large",
-        "default_limit",
-        "payload_len of exactly 256 MiB: with prefix and header the frame exceeds the limit",
-        _frame(tensor, payload_len=256 << 20),
-    )
-    e(
-        "frame_too_large",
-        "over_limit",
-        "a frame one byte over max_total_bytes",
-        ping_frame,
-        limits={**DEFAULT_LIMITS, "max_total_bytes": len(ping_frame) - 1},
-    )
-    e(
-        "frame_too_large",
-        "header_within_limit",
-        "header and payload each fit, their sum with the prefix does not",
-        tensor_frame,
-        limits={
-            "max_header_bytes": 1024,
-            "max_buffers": 4,
-            "max_total_bytes": len(tensor_frame) - 1,
-        },
-    )
-
-    code = "bad_header_json"
-    e(code, "invalid_utf8", "a 0xff byte in the header", bad_header(b'{"v":1,"kind":"\xff"}'))
-    e(
-        code,
-        "overlong_utf8",
-        "an overlong UTF-8 encoding of '/'",
-        bad_header(b'{"v":1,"kind":"\xc0\xaf"}'),
-    )
-    e(
-        code,
-        "utf8_surrogate",
-        "a UTF-8-encoded surrogate",
-        bad_header(b'{"v":1,"kind":"\xed\xa0\x80"}'),
-    )
-    e(
-        code,
-        "bom",
-        "a UTF-8 byte order mark before the object",
-        bad_header(b'\xef\xbb\xbf{"v":1,"kind":"x"}'),
-    )
-    e(code, "nan", "NaN is not JSON", bad_header(b'{"v":1,"kind":"x","body":{"x":NaN}}'))
-    e(
-        code,
-        "infinity",
-        "Infinity is not JSON",
-        bad_header(b'{"v":1,"kind":"x","body":{"x":Infinity}}'),
-    )
-    e(
-        code,
-        "minus_infinity",
-        "-Infinity is not JSON",
-        bad_header(b'{"v":1,"kind":"x","body":{"x":-Infinity}}'),
-    )
-    e(
-        code,
-        "number_overflow",
-        "1e999 is beyond a finite double",
-        bad_header(b'{"v":1,"kind":"x","body":{"x":1e999}}'),
-    )
-    e(
-        code,
-        "duplicate_key",
-        "a duplicate top-level key",
-        bad_header(b'{"v":1,"kind":"a","kind":"b"}'),
-    )
-    e(
-        code,
-        "duplicate_body_key",
-        "a duplicate key inside the body",
-        bad_header(b'{"v":1,"kind":"x","body":{"a":1,"a":2}}'),
-    )
-    dup_desc = (
-        b'{"v":1,"kind":"t","buffers":[{"owner":"a","owner":"b","generation":0,'
-        b'"nbytes":1,"dtype":"uint8","shape":[1]}]}'
-    )
-    e(
-        code,
-        "duplicate_descriptor_key",
-        "a duplicate key inside a descriptor",
-        bad_header(dup_desc, b"\x00"),
-    )
-    depth = 20000
-    nested = b'{"v":1,"kind":"x","body":{"x":' + b"[" * depth + b"]" * depth + b"}}"
-    e(code, "deep_nesting", f"a body nested {depth} levels deep", bad_header(nested))
-    e(code, "empty", "header_len 0: an empty header", bad_header(b""))
-    e(code, "unquoted_keys", "not JSON: unquoted keys", bad_header(b"{v:1,kind:x}"))
-    e(code, "single_quotes", "not JSON: single quotes", bad_header(b"{'v':1,'kind':'x'}"))
-    e(code, "extra_data", "a second value after the object", bad_header(b'{"v":1,"kind":"x"} {}'))
-    e(code, "nul_padding", "a NUL byte after the object", bad_header(b'{"v":1,"kind":"x"}\x00'))
-    e(code, "unterminated", "the JSON text is cut short", bad_header(b'{"v":1,"kind":"x"'))
-
-    code = "bad_header"
-    e(code, "array", "the header is an array", bad_header(b"[1,2]"))
-    e(code, "string", "the header is a string", bad_header(b'"ping"'))
-    e(code, "null", "the header is null", bad_header(b"null"))
-    e(code, "missing_kind", "no 'kind'", bad_header(b'{"v":1}'))
-    e(code, "empty_kind", "'kind' is empty", bad_header(b'{"v":1,"kind":""}'))
-    e(code, "kind_number", "'kind' is a number", bad_header(b'{"v":1,"kind":7}'))
-    e(code, "kind_null", "'kind' is null", bad_header(b'{"v":1,"kind":null}'))
-    e(code, "missing_version", "no 'v'", bad_header(b'{"kind":"x"}'))
-    e(code, "version_string", "'v' is a string", bad_header(b'{"v":"1","kind":"x"}'))
-    e(code, "version_bool", "'v' is true, not an integer", bad_header(b'{"v":true,"kind":"x"}'))
-    e(code, "version_float", "'v' is 1.0, not an integer", bad_header(b'{"v":1.0,"kind":"x"}'))
-    e(
-        code,
-        "required_string",
-        "'required' is a string",
-        bad_header(b'{"v":1,"kind":"x","required":"cancel"}'),
-    )
-    e(
-        code,
-        "required_number_item",
-        "'required' holds a number",
-        bad_header(b'{"v":1,"kind":"x","required":[1]}'),
-    )
-    e(code, "body_array", "'body' is an array", bad_header(b'{"v":1,"kind":"x","body":[]}'))
-    e(code, "body_null", "'body' is null", bad_header(b'{"v":1,"kind":"x","body":null}'))
-    e(
-        code,
-        "buffers_object",
-        "'buffers' is an object",
-        bad_header(b'{"v":1,"kind":"x","buffers":{}}'),
-    )
-    e(code, "buffers_null", "'buffers' is null", bad_header(b'{"v":1,"kind":"x","buffers":null}'))
-    e(
-        code,
-        "unknown_key",
-        "an unknown top-level key",
-        bad_header(b'{"v":1,"kind":"x","trace":"abc"}'),
-    )
-
-    code = "unsupported_version"
-    e(code, "v2", "version 2", bad_header(b'{"v":2,"kind":"x"}'))
-    e(code, "v0", "version 0", bad_header(b'{"v":0,"kind":"x"}'))
-    e(code, "negative", "version -1", bad_header(b'{"v":-1,"kind":"x"}'))
-
-    code = "unknown_required_feature"
-    e(code, "unknown", "an unknown required feature", _frame(_header("x", required=["x-future"])))
-    e(
-        code,
-        "mixed",
-        "one unknown among known features",
-        _frame(_header("x", required=["cancel", "x-future"])),
-    )
-    e(code, "case", "feature names are case-sensitive", _frame(_header("x", required=["Cancel"])))
-
-    code = "too_many_buffers"
-    three = [_desc(f"b{i}", "uint8", [1]) for i in range(3)]
-    e(
-        code,
-        "over_limit",
-        "three descriptors with max_buffers 2",
-        _frame(_header("t", buffers=three), b"\x00\x01\x02"),
-        limits={**DEFAULT_LIMITS, "max_buffers": 2},
-    )
-    e(
-        code,
-        "zero_limit",
-        "one descriptor with max_buffers 0",
-        _frame(_header("t", buffers=three[:1]), b"\x00"),
-        limits={**DEFAULT_LIMITS, "max_buffers": 0},
-    )
-    empties = [_desc("b", "uint8", [0]) for _ in range(257)]
-    e(
-        code,
-        "default_limit",
-        "257 descriptors under the default limit of 256",
-        _frame(_header("t", buffers=empties)),
-    )
-
-    code = "bad_descriptor"
-    good = {"owner": "a", "generation": 0, "nbytes": 1, "dtype": "uint8", "shape": [1]}
-
-    def changed(**fields: Any) -> dict[str, Any]:
-        return {**good, **fields}
-
-    e(code, "not_object", "a descriptor that is a number", with_desc(5))
-    e(
-        code,
-        "missing_generation",
-        "no 'generation'",
-        with_desc({k: v for k, v in good.items() if k != "generation"}, b"\x00"),
-    )
-    e(
-        code,
-        "missing_shape",
-        "no 'shape'",
-        with_desc({k: v for k, v in good.items() if k != "shape"}, b"\x00"),
-    )
-    e(code, "unknown_field", "an unknown field 'strides'", with_desc(changed(strides=[1]), b"\x00"))
-    e(code, "empty_owner", "'owner' is empty", with_desc(changed(owner=""), b"\x00"))
-    e(code, "owner_number", "'owner' is a number", with_desc(changed(owner=1), b"\x00"))
-    e(
-        code,
-        "owner_too_long",
-        "'owner' of 257 characters",
-        with_desc(changed(owner="o" * 257), b"\x00"),
-    )
-    e(code, "negative_generation", "'generation' -1", with_desc(changed(generation=-1), b"\x00"))
-    e(code, "generation_bool", "'generation' true", with_desc(changed(generation=True), b"\x00"))
-    e(
-        code,
-        "generation_overflow",
-        "'generation' 2**63",
-        with_desc(changed(generation=2**63), b"\x00"),
-    )
-    e(code, "nbytes_string", "'nbytes' is a string", with_desc(changed(nbytes="1"), b"\x00"))
-    e(code, "nbytes_float", "'nbytes' is 1.0", with_desc(changed(nbytes=1.0), b"\x00"))
-    e(code, "shape_number", "'shape' is a number", with_desc(changed(shape=1), b"\x00"))
-    e(code, "dim_float", "a dimension is 1.0", with_desc(changed(shape=[1.0]), b"\x00"))
-    e(code, "dim_bool", "a dimension is true", with_desc(changed(shape=[True]), b"\x00"))
-    e(code, "too_many_dims", "65 dimensions", with_desc(changed(shape=[1] * 65), b"\x00"))
-    e(
-        code,
-        "empty_location",
-        "'location' is empty",
-        with_desc(changed(location=""), required=["shm-buffers"]),
-    )
-    e(
-        code,
-        "location_number",
-        "'location' is a number",
-        with_desc(changed(location=3), required=["shm-buffers"]),
-    )
-    e(
-        code,
-        "shm_without_feature",
-        "shared memory without 'shm-buffers' in 'required'",
-        with_desc(changed(location="oe-shm-1")),
-    )
-    e(
-        code,
-        "shm_with_other_features",
-        "shared memory with other features but not 'shm-buffers'",
-        with_desc(changed(location="oe-shm-1"), required=["cancel"]),
-    )
-    e(
-        code,
-        "offset_without_location",
-        "an arena offset on an inline buffer",
-        with_desc(changed(offset=0), b"\x00", required=["shm-arena"]),
-    )
-    e(
-        code,
-        "offset_float",
-        "an arena offset of 1.0",
-        with_desc(
-            changed(location="oe-arena-1", offset=1.0), required=["shm-buffers", "shm-arena"]
-        ),
-    )
-    e(
-        code,
-        "arena_without_feature",
-        "an arena offset without 'shm-arena' in 'required'",
-        with_desc(changed(location="oe-arena-1", offset=0), required=["shm-buffers"]),
-    )
-
-    code = "bad_dtype"
-    for name, dtype in [
-        ("complex64", "complex64"),
-        ("float8", "float8"),
-        ("bfloat16", "bfloat16"),
-        ("uppercase", "FLOAT32"),
-        ("empty", ""),
-        ("number", 5),
-        ("null", None),
-        ("list", ["uint8"]),
-    ]:
-        e(code, name, f"dtype {json.dumps(dtype)}", with_desc(changed(dtype=dtype), b"\x00"))
-
-    code = "negative_length"
-    e(code, "nbytes", "nbytes -1", with_desc(changed(nbytes=-1)))
-    e(code, "dim", "dimension -2", with_desc(changed(nbytes=0, shape=[-2])))
-    e(
-        code,
-        "dim_with_zero",
-        "dimension -1 beside a zero",
-        with_desc(changed(nbytes=0, shape=[0, -1])),
-    )
-    e(
-        code,
-        "arena_offset",
-        "arena offset -1",
-        with_desc(changed(location="oe-arena-1", offset=-1), required=["shm-buffers", "shm-arena"]),
-    )
-
-    code = "length_overflow"
-    e(code, "nbytes_2_63", "nbytes 2**63", with_desc(changed(nbytes=2**63, shape=[])))
-    e(code, "nbytes_2_64", "nbytes 2**64", with_desc(changed(nbytes=2**64)))
-    e(code, "dim_2_63", "a dimension of 2**63", with_desc(changed(nbytes=0, shape=[2**63])))
-    e(
-        code,
-        "dims_product",
-        "dimensions 2**32 x 2**32 of uint8",
-        with_desc(changed(nbytes=0, shape=[2**32, 2**32])),
-    )
-    e(
-        code,
-        "itemsize_product",
-        "2**61 float32 elements make 2**63 bytes",
-        with_desc(changed(nbytes=0, dtype="float32", shape=[2**61])),
-    )
-    e(
-        code,
-        "zero_dim_with_overflow",
-        "a zero dimension does not excuse the others overflowing (NumPy refuses the shape)",
-        with_desc(changed(nbytes=0, shape=[0, 2**62, 2**62])),
-    )
-
-    code = "size_mismatch"
-    e(
-        code,
-        "float32",
-        "nbytes 7 for two float32",
-        with_desc(changed(nbytes=7, dtype="float32", shape=[2]), b"\x00" * 7),
-    )
-    e(code, "zero_for_one", "nbytes 0 for one uint8", with_desc(changed(nbytes=0)))
-    e(
-        code,
-        "scalar",
-        "nbytes 4 for a float64 scalar",
-        with_desc(changed(nbytes=4, dtype="float64", shape=[]), b"\x00" * 4),
-    )
-    e(
-        code,
-        "shm",
-        "a shared-memory descriptor is checked the same way",
-        with_desc(changed(nbytes=5, location="oe-shm-1"), required=["shm-buffers"]),
-    )
-
-    code = "payload_mismatch"
-    e(
-        code,
-        "more",
-        "payload_len 8 for 4 bytes of descriptors",
-        with_desc(changed(nbytes=4, shape=[4]), b"\x00" * 8),
-    )
-    e(
-        code,
-        "fewer",
-        "payload_len 4 for 8 bytes of descriptors",
-        with_desc(changed(nbytes=8, shape=[8]), b"\x00" * 4),
-    )
-    e(code, "no_descriptors", "payload bytes without any descriptor", _frame(ping, b"abc"))
-    e(
-        code,
-        "shm_counted",
-        "shared-memory bytes counted into payload_len",
-        with_desc(changed(location="oe-shm-1"), b"\x00", required=["shm-buffers"]),
-    )
-    e(
-        code,
-        "second_frame",
-        "a valid frame, then one whose payload is one byte short",
-        tensor_frame + _frame(tensor, b"\x00" * 7),
     )
 
 
 def build() -> dict[str, Any]:
     """The whole v1 document: its format description and every fixture."""
-    fixtures = _Fixtures()
+    fixtures = Fixtures()
     _valid(fixtures)
-    _errors(fixtures)
+    error_fixtures(fixtures)
+    binary_fixtures(fixtures)
     return {"format": FORMAT, "version": 1, "fixtures": fixtures.items}
 
 

@@ -13,9 +13,9 @@ import pytest
 
 from runtime.api import Omni
 from runtime.backends.graph import GraphTimeouts
-from runtime.engine.events import EventBus, WorkerRetired
 from runtime.engine.outputs import OmniRequestOutput
 from runtime.errors import RequestCancelled, StageRetired
+from runtime.events import EventBus, WorkerRetired
 from runtime.ledger import ResourceLedger
 from tests.runtime.engine.support import (
     ENDLESS_STEPS,

@@ -20,7 +20,6 @@ from runtime.api import Omni
 from runtime.backends.graph import GraphTimeouts
 from runtime.backends.placement import BELOW_MIN_FRACTION, OUTSIDE_ALLOWED, PlacementViolation
 from runtime.devices import load_topology
-from runtime.engine.events import Event, EventBus, StageStarting
 from runtime.engine.stage_runtime import StageStartError
 from runtime.errors import (
     AdmissionRefused,
@@ -32,6 +31,7 @@ from runtime.errors import (
     StageRetired,
     WorkerDied,
 )
+from runtime.events import Event, EventBus, StageStarting
 from runtime.ledger import ResourceLedger
 from runtime.transport.channel import ProtocolError
 from tests.runtime.engine.support import (

@@ -10,9 +10,9 @@ import pytest
 
 from runtime.api import Omni
 from runtime.contracts import RequestKey
-from runtime.engine.events import EventBus, RequestAdmitted
 from runtime.engine.outputs import END, OmniRequestOutput
 from runtime.errors import RequestCancelled, ResourceUnavailable
+from runtime.events import EventBus, RequestAdmitted
 from tests.runtime.engine.support import (
     StageSpec,
     call_stage,

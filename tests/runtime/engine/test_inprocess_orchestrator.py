@@ -17,7 +17,7 @@ import pytest
 from runtime.api import Omni
 from runtime.backends.inprocess import InProcessGraphClient
 from runtime.contracts import RequestKey
-from runtime.engine.events import EventBus, RequestAdmitted, RequestFinished
+from runtime.events import EventBus, RequestAdmitted, RequestFinished
 from runtime.engine.outputs import END, OmniRequestOutput
 from runtime.errors import RequestCancelled, ResourceUnavailable, StageRetired
 from runtime.ledger import ResourceLedger
@@ -29,7 +29,7 @@ from tests.workers.support import loop_reference
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from runtime.engine.events import Event
+    from runtime.events import Event
     from runtime.engine.orchestrator import Request
 
 

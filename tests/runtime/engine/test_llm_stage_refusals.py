@@ -14,9 +14,9 @@ import pytest
 
 from runtime.api import Omni
 from runtime.config import load_pipeline
-from runtime.engine.events import Event, EventBus, StageStarting
 from runtime.engine.stage_runtime import StageRuntime
 from runtime.errors import ConfigError, UsageError
+from runtime.events import Event, EventBus, StageStarting
 from runtime.host import RouteError
 from runtime.ledger import ResourceLedger
 

@@ -18,7 +18,7 @@ import pytest
 from runtime.backends.base import Delta, LlmClient, StageRecord
 from runtime.config import load_pipeline
 from runtime.contracts import RequestKey
-from runtime.engine.events import Event, EventBus, StageCallFinished
+from runtime.events import Event, EventBus, StageCallFinished
 from runtime.engine.orchestrator import Request
 from runtime.engine.outputs import OmniRequestOutput
 from runtime.engine.program import ChainProgram, Emitted, RequestContext

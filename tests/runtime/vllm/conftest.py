@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from runtime.adapters.tiny_llm import ensure_tiny_model
 from runtime.envs import RECIPES, EnvInfo, create_env, recipe_unsupported_reason
 from runtime.host import set_child_subreaper
 from runtime.ledger import ResourceLedger
+from runtime.models.tiny_llm import ensure_tiny_model
 from tests.runtime.vllm.support import CAPACITY
 
 log = logging.getLogger("tests.vllm")

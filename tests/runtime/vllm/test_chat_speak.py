@@ -29,7 +29,11 @@ from runtime.api import Omni
 from runtime.backends.graph import GraphStageClient
 from runtime.backends.vllm_client import VllmStageClient
 from runtime.devices import DeviceSelection, discover_topology
-from runtime.engine.events import (
+from runtime.engine.outputs import OmniRequestOutput
+from runtime.engine.program import DEFAULT_WINDOW
+from runtime.envs import EnvInfo
+from runtime.errors import AdmissionRefused, RequestCancelled
+from runtime.events import (
     Event,
     EventBus,
     RequestAdmitted,
@@ -38,10 +42,6 @@ from runtime.engine.events import (
     StageStarting,
     WorkerRetired,
 )
-from runtime.engine.outputs import OmniRequestOutput
-from runtime.engine.program import DEFAULT_WINDOW
-from runtime.envs import EnvInfo
-from runtime.errors import AdmissionRefused, RequestCancelled
 from runtime.ledger import ResourceLedger, outstanding_reservations
 from tests.helpers.voice import assert_speech
 from tests.runtime.engine.support import on_loop, shm_entries, wait_until

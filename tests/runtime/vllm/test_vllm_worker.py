@@ -241,7 +241,7 @@ def test_a_killed_worker_gives_worker_died_and_leaves_nothing(
 def test_the_tiny_model_build_is_deterministic(
     vllm_env: EnvInfo, tiny_model: Path, tmp_path: Path
 ) -> None:
-    from runtime.adapters.tiny_llm import MARKER_NAME, ensure_tiny_model, tiny_model_ready
+    from runtime.models.tiny_llm import MARKER_NAME, ensure_tiny_model, tiny_model_ready
 
     again = ensure_tiny_model(vllm_env.python, out_dir=tmp_path / "again")
     assert tiny_model_ready(again)

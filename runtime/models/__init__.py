@@ -1,0 +1,1 @@
+"""Models the runtime builds itself: the tiny test language model."""
