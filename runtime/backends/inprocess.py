@@ -51,8 +51,8 @@ if TYPE_CHECKING:
     from runtime.backends.graph import GraphStageSpec
     from runtime.contracts import RequestKey
     from runtime.contracts.messages import TensorSpec
-    from runtime.events import EventBus
     from runtime.errors import OmniError
+    from runtime.events import EventBus
     from runtime.ledger import ResourceLedger, StageReservation
     from workers.ort_session import Bucket, CallOutcome, CancellableRunner, OpenedGraph
 

@@ -17,9 +17,9 @@ import pytest
 from runtime.api import Omni
 from runtime.backends.inprocess import InProcessGraphClient
 from runtime.contracts import RequestKey
-from runtime.events import EventBus, RequestAdmitted, RequestFinished
 from runtime.engine.outputs import END, OmniRequestOutput
 from runtime.errors import RequestCancelled, ResourceUnavailable, StageRetired
+from runtime.events import EventBus, RequestAdmitted, RequestFinished
 from runtime.ledger import ResourceLedger
 from tests.helpers.onnx_graphs import make_bundle
 from tests.runtime.engine.inprocess_support import BURST_PROGRAM, write_inprocess_pipeline
@@ -29,8 +29,8 @@ from tests.workers.support import loop_reference
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from runtime.events import Event
     from runtime.engine.orchestrator import Request
+    from runtime.events import Event
 
 
 @pytest.fixture(scope="module")

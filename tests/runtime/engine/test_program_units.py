@@ -18,13 +18,13 @@ import pytest
 from runtime.backends.base import Delta, LlmClient, StageRecord
 from runtime.config import load_pipeline
 from runtime.contracts import RequestKey
-from runtime.events import Event, EventBus, StageCallFinished
 from runtime.engine.orchestrator import Request
 from runtime.engine.outputs import OmniRequestOutput
 from runtime.engine.program import ChainProgram, Emitted, RequestContext
 from runtime.engine.stage_runtime import StageRuntime
 from runtime.engine.stages import GraphStage, LlmStage
 from runtime.errors import ModelError, RequestCancelled, StageRetired, UsageError
+from runtime.events import Event, EventBus, StageCallFinished
 from runtime.ledger import ResourceLedger
 from tests.helpers.onnx_graphs import make_bundle
 from tests.runtime.engine.inprocess_support import write_inprocess_pipeline
