@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from runtime.errors import OmniError
     from runtime.events import EventBus
     from runtime.ledger import ResourceLedger, StageReservation
-    from workers.ort_session import Bucket, CallOutcome, CancellableRunner, OpenedGraph
+    from workers.ort_session import Bucket, CallOutcome, CancellableRunner
 
 __all__ = ["INPROCESS_WORKER", "InProcessGraphClient"]
 
@@ -88,7 +88,10 @@ class InProcessGraphClient:
         # Accepted for a uniform constructor: no worker, so no WorkerRetired to publish.
         self._events = events
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._opened: OpenedGraph | None = None
+        self._buckets: tuple[Bucket, ...] = ()
+        #: Seconds to load and to warm up, once started.
+        self._load_s: float | None = None
+        self._warmup_s: float | None = None
         self._runner: CancellableRunner | None = None
         self._placement: PlacementReport | None = None
         self._failure: OmniError | None = None
@@ -121,7 +124,7 @@ class InProcessGraphClient:
 
     @property
     def buckets(self) -> tuple[Bucket, ...]:
-        return () if self._opened is None else self._opened.buckets
+        return self._buckets
 
     @property
     def inputs(self) -> tuple[TensorSpec, ...]:
@@ -189,13 +192,15 @@ class InProcessGraphClient:
             min_fraction_on_target=route.min_fraction_on_target,
             stage=self.name,
         )
-        self._opened = opened
+        self._buckets = opened.buckets
+        self._load_s, self._warmup_s = opened.load_s, opened.warmup_s
+        # The runner holds the session; dropping it at retirement frees the model's memory.
         self._runner = CancellableRunner(opened.session, name=f"{self.name}-call")
         return self.record()
 
     def record(self) -> StageRecord:
         """This stage's entry of ``execution_plan`` (labelled B: backend execution)."""
-        opened, threads = self._opened, self.spec.threads
+        threads = self.spec.threads
         detail = GraphStageDetail(
             spec=self.spec,
             worker=WorkerRecord(pid=os.getpid(), generation=self.generation, in_process=True),
@@ -203,8 +208,8 @@ class InProcessGraphClient:
             placement=self._placement,
             inputs=self.inputs,
             outputs=self.outputs,
-            load_s=None if opened is None else opened.load_s,
-            warmup_s=None if opened is None else opened.warmup_s,
+            load_s=self._load_s,
+            warmup_s=self._warmup_s,
             # The controller's memory, not the stage's: nothing separates the two.
             worker_rss_bytes=None,
             applied_intra_op_threads=None if threads is None else threads.intra_op_threads,
@@ -271,9 +276,11 @@ class InProcessGraphClient:
                     # (a task cancelled while it waited cancelled the future with it).
                     self._retire_after_cancel()
             raise
-        self._running = None
+        if self._running is future:
+            self._running = None
         if outcome.error is not None or outcome.outputs is None:
-            self._slot = None
+            if self._slot == key:
+                self._slot = None
             error = outcome.error
             code, text = (
                 ("model_error", "no outputs") if error is None else (error.code, error.message)
@@ -322,6 +329,7 @@ class InProcessGraphClient:
         self._retained = None
         if running is None or running.done():
             # The call had ended (its result not yet taken): the slot is free, the stage kept.
+            self._running = None
             return
         # An active call: fence it now, ask ONNX Runtime to stop between nodes, retire.
         self._running = None
@@ -364,6 +372,7 @@ class InProcessGraphClient:
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, runner.close, deadline)
             stopped = not runner.busy
+            self._runner = None
         reservation, self._reservation = self._reservation, None
         if reservation is None:
             return

@@ -85,7 +85,12 @@ def test_a_closed_client_refuses_calls_and_releases_its_reservation(tmp_path: Pa
         assert client.slot is None
         with pytest.raises(StageRetired, match="not running"):
             await client.call(RequestKey("s"), inputs)
-        assert client.record().to_json()["reservation"] is None
+        closed = client.record().to_json()
+        assert closed["reservation"] is None
+        assert (closed["usable"], [spec["name"] for spec in closed["inputs"]]) == (
+            False,
+            ["a", "b"],
+        )
 
     asyncio.run(scenario())
     assert ledger.snapshot().is_empty
