@@ -108,6 +108,10 @@ class WorkerDied(ExecutionError):
     """A worker process exited or was killed; distinct from a model error."""
 
 
+class StageRetired(ExecutionError):
+    """The stage failed, was retired or closed: it takes no more work until it is recreated."""
+
+
 class ModelError(ExecutionError):
     """The model itself raised an error for a request."""
 

@@ -17,9 +17,11 @@ import math
 import os
 import posixpath
 import stat
+import tempfile
 import threading
 import time
 import zipfile
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
@@ -48,10 +50,12 @@ __all__ = [
     "ASSIGNMENT_INFO_AVAILABLE",
     "CPU_PROVIDER",
     "MAX_BUCKETS",
+    "PROFILE_PREFIX",
     "Bucket",
     "CallOutcome",
     "CancellableRunner",
     "LoadedGraph",
+    "OpenedGraph",
     "PlacementCounts",
     "RunningCall",
     "TensorSpec",
@@ -62,6 +66,7 @@ __all__ = [
     "create_session",
     "describe_spec",
     "load_verified_graph",
+    "open_graph",
     "placement_of",
     "spec_nbytes",
     "spec_of",
@@ -82,6 +87,8 @@ _EXTERNAL_FOLDER: Final = "session.model_external_initializers_file_folder_path"
 _ALLOW_SPINNING: Final = "session.intra_op.allow_spinning"
 #: Most input buckets a bundle may list in ``metadata.buckets`` (each is warmed up at load).
 MAX_BUCKETS: Final = 16
+#: Folder name prefix of the temporary profile used where assignment info is unavailable.
+PROFILE_PREFIX: Final = "omni-edge-ort-profile-"
 #: Every exception type the ONNX Runtime extension raises (they derive from Exception only).
 _ORT_ERRORS: Final[tuple[type[Exception], ...]] = (
     *(
@@ -418,6 +425,66 @@ def create_session(
             subject=dropped[0],
         )
     return session
+
+
+@dataclass(frozen=True, slots=True)
+class OpenedGraph:
+    """A verified graph's session, warmed up on every bucket, and where its nodes run."""
+
+    graph: LoadedGraph
+    session: ort.InferenceSession
+    buckets: tuple[Bucket, ...]
+    placement: PlacementCounts
+    load_s: float
+    warmup_s: float
+
+
+def open_graph(
+    manifest_path: str | Path,
+    expected_identity: str,
+    providers: Sequence[str],
+    allowed_providers: Sequence[str],
+    target_provider: str,
+    *,
+    max_io_bytes: int,
+    intra_op_threads: int = 0,
+    allow_spinning: bool = True,
+) -> OpenedGraph:
+    """Verify, create the session, warm up every bucket and measure placement.
+
+    Raises WorkerError, ``too_large`` when a bucket's inputs plus outputs exceed
+    ``max_io_bytes``. The graph worker and the in-process client both load this way.
+    """
+    started = time.perf_counter()
+    graph = load_verified_graph(manifest_path, expected_identity)
+    shapes = bucket_shapes(graph.manifest, graph.example_inputs)
+    with ExitStack() as stack:
+        profile_prefix = None
+        if not ASSIGNMENT_INFO_AVAILABLE:
+            # The profile only lives until placement_of has read it.
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix=PROFILE_PREFIX))
+            profile_prefix = Path(folder) / "ort"
+        session = create_session(
+            graph,
+            providers,
+            allowed_providers,
+            target_provider,
+            intra_op_threads=intra_op_threads,
+            allow_spinning=allow_spinning,
+            profile_prefix=profile_prefix,
+        )
+        loaded = time.perf_counter()
+        buckets = warm_up_buckets(session, graph.example_inputs, shapes)
+        warmed = time.perf_counter()
+        placement = placement_of(session)
+    largest = max(buckets, key=lambda one: one.io_nbytes)
+    if largest.io_nbytes > max_io_bytes:
+        raise WorkerError(
+            "too_large",
+            f"the bucket's inputs plus outputs are {largest.io_nbytes} bytes; accepted: at "
+            f"most max_io_bytes = {max_io_bytes} (raise it in the route)",
+        )
+    return OpenedGraph(graph, session, buckets, placement, loaded - started, warmed - loaded)
 
 
 def _check_route(

@@ -22,11 +22,9 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
-from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -54,6 +52,15 @@ from runtime.contracts.messages import (
     ShutdownMessage,
     decode_message,
 )
+from runtime.contracts.process import (
+    EXIT_LOAD_FAILED,
+    EXIT_OK,
+    EXIT_PROTOCOL,
+    EXIT_USAGE,
+    GENERATION_VARIABLE,
+    GRAPH_TMPDIR_PREFIX,
+    PRIVATE_TMPDIR_VARIABLE,
+)
 from runtime.transport.arena import arena_size_for
 from runtime.transport.channel import (
     ARENA_THRESHOLD,
@@ -65,18 +72,13 @@ from runtime.transport.channel import (
 )
 from runtime.transport.handshake import send_hello
 from runtime.transport.shm import ShmError, sweep_segments
-from workers import ort_session
 from workers.errors import WorkerError
 from workers.ort_session import (
     ORT_ERRORS,
     Bucket,
-    bucket_shapes,
     check_call_inputs,
-    create_session,
-    load_verified_graph,
-    placement_of,
+    open_graph,
     spec_nbytes,
-    warm_up_buckets,
 )
 
 if TYPE_CHECKING:
@@ -87,19 +89,6 @@ if TYPE_CHECKING:
     from runtime.transport.arena import ArenaSlot, ShmArena
 
 WORKER_NAME: Final = "ort"
-#: Same value as runtime.host.launch.GENERATION_VARIABLE (not imported: the worker stays lean).
-GENERATION_VARIABLE: Final = "OMNI_EDGE_WORKER_GENERATION"
-#: Names this worker's private temporary directory, which it removes when it exits. Same value
-#: as runtime.backends.graph.PRIVATE_TMPDIR_VARIABLE.
-PRIVATE_TMPDIR_VARIABLE: Final = "OMNI_EDGE_WORKER_TMPDIR"
-#: Prefix of the private temporary directories the controller makes for graph workers.
-PRIVATE_TMPDIR_PREFIX: Final = "oe-graph-"
-#: Folder name prefix of the temporary profile used where assignment info is unavailable.
-PROFILE_PREFIX: Final = "omni-edge-ort-profile-"
-EXIT_OK: Final = 0
-EXIT_LOAD_FAILED: Final = 3
-EXIT_PROTOCOL: Final = 4
-EXIT_USAGE: Final = 2
 #: How often the watcher looks for a cancel while calls come (the cancel latency it adds).
 WATCH_INTERVAL_S: Final = 0.005
 #: How long without a call before the watcher parks until the next one.
@@ -151,35 +140,17 @@ class GraphWorker:
 
     def load(self, message: LoadMessage) -> ReadyMessage:
         """Verify, create the session, warm up and measure placement; WorkerError on failure."""
-        started = time.perf_counter()
-        graph = load_verified_graph(message.manifest_path, message.expected_identity)
-        shapes = bucket_shapes(graph.manifest, graph.example_inputs)
-        with ExitStack() as stack:
-            profile_prefix = None
-            if not ort_session.ASSIGNMENT_INFO_AVAILABLE:
-                # The profile only lives until placement_of has read it.
-                folder = stack.enter_context(tempfile.TemporaryDirectory(prefix=PROFILE_PREFIX))
-                profile_prefix = Path(folder) / "ort"
-            session = create_session(
-                graph,
-                message.providers,
-                message.allowed_providers,
-                message.target_provider,
-                intra_op_threads=message.intra_op_threads,
-                allow_spinning=message.allow_spinning,
-                profile_prefix=profile_prefix,
-            )
-            loaded = time.perf_counter()
-            buckets = warm_up_buckets(session, graph.example_inputs, shapes)
-            warmed = time.perf_counter()
-            placement = placement_of(session)
-        largest = max(buckets, key=lambda one: one.io_nbytes)
-        if largest.io_nbytes > message.max_io_bytes:
-            raise WorkerError(
-                "too_large",
-                f"the bucket's inputs plus outputs are {largest.io_nbytes} bytes; accepted: at "
-                f"most max_io_bytes = {message.max_io_bytes} (raise it in the route)",
-            )
+        opened = open_graph(
+            message.manifest_path,
+            message.expected_identity,
+            message.providers,
+            message.allowed_providers,
+            message.target_provider,
+            max_io_bytes=message.max_io_bytes,
+            intra_op_threads=message.intra_op_threads,
+            allow_spinning=message.allow_spinning,
+        )
+        session, buckets, placement = opened.session, opened.buckets, opened.placement
         bucket = buckets[0]
         self._session = session
         self._outputs_follow_inputs = outputs_follow_inputs(session)
@@ -200,8 +171,8 @@ class GraphWorker:
             placement_method=placement.method,
             inputs=bucket.inputs,
             outputs=bucket.outputs,
-            load_s=loaded - started,
-            warmup_s=warmed - loaded,
+            load_s=opened.load_s,
+            warmup_s=opened.warmup_s,
             rss_bytes=psutil.Process().memory_info().rss,
             intra_op_threads=message.intra_op_threads,
             allow_spinning=message.allow_spinning,
@@ -541,7 +512,7 @@ def _remove_private_tmpdir() -> None:
     private = os.environ.get(PRIVATE_TMPDIR_VARIABLE)
     if not private or private != os.environ.get("TMPDIR"):
         return
-    if Path(private).name.startswith(PRIVATE_TMPDIR_PREFIX):
+    if Path(private).name.startswith(GRAPH_TMPDIR_PREFIX):
         shutil.rmtree(private, ignore_errors=True)
 
 

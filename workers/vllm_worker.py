@@ -58,6 +58,14 @@ from runtime.contracts.llm_messages import (
     decode_llm_message,
 )
 from runtime.contracts.messages import ByeMessage, MessageError, ShutdownMessage
+from runtime.contracts.process import (
+    EXIT_ENGINE_DIED,
+    EXIT_LOAD_FAILED,
+    EXIT_OK,
+    EXIT_PROTOCOL,
+    EXIT_USAGE,
+    GENERATION_VARIABLE,
+)
 from runtime.transport.channel import (
     ChannelClosed,
     FramedChannel,
@@ -72,13 +80,6 @@ if TYPE_CHECKING:
     from runtime.contracts.messages import Message
 
 WORKER_NAME: Final = "vllm"
-#: Same value as runtime.host.launch.GENERATION_VARIABLE (not imported: the worker stays lean).
-GENERATION_VARIABLE: Final = "OMNI_EDGE_WORKER_GENERATION"
-EXIT_OK: Final = 0
-EXIT_USAGE: Final = 2
-EXIT_LOAD_FAILED: Final = 3
-EXIT_PROTOCOL: Final = 4
-EXIT_ENGINE_DIED: Final = 5
 
 #: Set before vLLM is imported: nothing may reach for the network, and logs stay quiet.
 OFFLINE_ENVIRONMENT: Final = {

@@ -1,32 +1,31 @@
-"""What the engine needs from a stage backend: the ``StageClient`` protocol and its values."""
+"""What the engine needs from a stage backend: the client protocols and their values.
+
+Every stage client is a :class:`StageClient` (start, record, close, ``usable``). A graph
+stage's client is also a :class:`GraphClient`: one call and one retained result at a time,
+freed by ``acknowledge`` or ``cancel``. A language-model stage's client is also an
+:class:`LlmClient`: up to ``max_num_seqs`` requests at once, each streaming :class:`Delta`
+values, ended early by ``abort``. The engine holds clients only through these protocols;
+which class serves a stage is decided when the stage is made (its route).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
+from runtime.errors import StageRetired
+
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
     import numpy as np
 
     from runtime.contracts import RequestKey
-
-
-@dataclass(frozen=True, slots=True)
-class TensorSpec:
-    """A named tensor of one fixed bucket: dtype and exact shape."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
-
-    @classmethod
-    def from_json(cls, wire: Mapping[str, Any]) -> TensorSpec:
-        return cls(str(wire["name"]), str(wire["dtype"]), tuple(int(d) for d in wire["shape"]))
+    from runtime.contracts.llm_messages import SamplingSpec
+    from runtime.contracts.messages import TensorSpec
+    from runtime.errors import OmniError
+    from runtime.ledger import StageReservation
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,54 +52,188 @@ class CallResult:
 
 
 @dataclass(frozen=True, slots=True)
+class Delta:
+    """New output of one request: the text and token ids added since the previous delta.
+
+    ``index`` counts the request's deltas from 0; ``received_at`` is ``time.monotonic()``
+    when the controller read it. The last delta has ``finished`` true and a
+    ``finish_reason`` (``stop`` or ``length``); an aborted request raises
+    :class:`~runtime.errors.RequestCancelled` instead of ending with a delta.
+    """
+
+    key: RequestKey
+    text: str
+    token_ids: tuple[int, ...]
+    finished: bool
+    finish_reason: str | None
+    index: int
+    received_at: float
+
+
+class StageDetail(Protocol):
+    """What one kind of stage reports beyond its name and backend (a frozen value)."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
 class StageRecord:
     """What a started stage reports about itself, for ``execution_plan``."""
 
     stage: str
     backend: str
-    detail: Mapping[str, Any] = field(default_factory=dict)
+    detail: StageDetail | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"stage": self.stage, "backend": self.backend, **dict(self.detail)}
+        extra = {} if self.detail is None else self.detail.to_json()
+        return {"stage": self.stage, "backend": self.backend, **extra}
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRecord:
+    """The process serving a stage: its pid, generation and command line."""
+
+    pid: int | None
+    generation: int
+    argv: tuple[str, ...] = ()
+    #: The stage runs in the controller's process (``pid`` is the controller's).
+    in_process: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        document: dict[str, Any] = {
+            "pid": self.pid,
+            "generation": self.generation,
+            "argv": list(self.argv),
+        }
+        if self.in_process:
+            document["in_process"] = True
+        return document
+
+
+@dataclass(frozen=True, slots=True)
+class ReservationRecord:
+    """A stage's reservation in the ledger, while it holds one."""
+
+    id: str
+    amounts: Mapping[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "amounts": dict(self.amounts)}
+
+
+def reservation_record(reservation: StageReservation | None) -> ReservationRecord | None:
+    """The record of a stage's reservation (None once it is settled)."""
+    if reservation is None:
+        return None
+    return ReservationRecord(reservation.id, MappingProxyType(dict(reservation.amounts)))
+
+
+def check_usable(
+    name: str, failure: OmniError | None, *, running: bool, recreate: str = "pipeline"
+) -> None:
+    """Raise :class:`StageRetired` unless the stage takes work: it has not failed, it was
+    started and not closed. ``recreate`` names what the user recreates to use it again."""
+    if failure is not None:
+        raise StageRetired(
+            f"{name} is unusable ({failure}); recreate the {recreate} to use it again"
+        )
+    if not running:
+        raise StageRetired(f"{name} is not running")
 
 
 class StageClient(Protocol):
-    """The engine's handle on one stage.
+    """The engine's handle on one stage, whatever serves it."""
 
-    A graph client has one in-flight call and one retained result: a call occupies the
-    slot until the result is acknowledged (delivery does not free it).
-    """
-
-    name: str
+    @property
+    def name(self) -> str: ...
 
     @property
     def usable(self) -> bool:
-        """False once the stage was retired (worker died or an active call was cancelled)."""
+        """False once the stage failed, was retired or closed; recreate it to use it again."""
         ...
 
     @property
-    def inputs(self) -> tuple[TensorSpec, ...]: ...
+    def failure(self) -> OmniError | None:
+        """What made the stage unusable, if anything did."""
+        ...
 
     async def start(self) -> StageRecord:
-        """Start the worker, load, warm up and pass the placement gate."""
+        """Start the stage (load, warm up, check); the record says what was started."""
         ...
 
-    async def call(self, key: RequestKey, inputs: Mapping[str, np.ndarray]) -> CallResult:
-        """Run one call; raises ResourceUnavailable when the slot is taken."""
-        ...
-
-    def acknowledge(self, key: RequestKey) -> bool:
-        """Free the slot held by ``key``'s retained result; a stale key is ignored."""
-        ...
-
-    async def cancel(self, key: RequestKey) -> None:
-        """Fence ``key``: drop a retained result, or retire the worker of an active call."""
+    def record(self) -> StageRecord:
+        """The stage's entry of ``execution_plan``, as it is now."""
         ...
 
     async def close(self) -> None:
-        """Retire the worker and settle the stage's reservation. Idempotent."""
+        """Stop the stage and settle its reservation. Idempotent."""
+        ...
+
+
+class GraphClient(StageClient, Protocol):
+    """A graph stage: one in-flight call and one retained result.
+
+    A call occupies the slot until its result is acknowledged (delivery does not free it);
+    cancelling fences the request at once, and cancelling an *active* call retires the
+    stage (it then raises :class:`StageRetired` until the pipeline is recreated).
+    """
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        """The fixed input bucket (names, dtypes, shapes)."""
+        ...
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]: ...
+
+    async def call(
+        self,
+        key: RequestKey,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        on_sent: Callable[[], None] | None = None,
+    ) -> CallResult:
+        """Run one call; raises ResourceUnavailable when the slot is taken.
+
+        ``on_sent`` runs once the inputs were taken (the caller may let go of them). The
+        result's arrays are read-only and valid until :meth:`acknowledge` or :meth:`cancel`.
+        """
+        ...
+
+    def acknowledge(self, key: RequestKey) -> bool:
+        """Free the slot held by ``key``'s retained result; a stale key is ignored (False)."""
+        ...
+
+    async def cancel(self, key: RequestKey) -> None:
+        """Fence ``key``: drop a retained result, or retire the stage of an active call."""
         ...
 
     def example_inputs(self) -> dict[str, np.ndarray]:
         """The bundle's example inputs (the fixed bucket)."""
+        ...
+
+
+class LlmClient(StageClient, Protocol):
+    """A language-model stage: up to ``max_num_seqs`` requests at once, text streamed.
+
+    The delta that says ``finished`` frees the request's slot; :meth:`abort` frees it early.
+    """
+
+    @property
+    def max_num_seqs(self) -> int:
+        """How many requests may be in flight at once."""
+        ...
+
+    async def generate(
+        self, key: RequestKey, prompt: str | Sequence[int], sampling: SamplingSpec, /
+    ) -> AsyncIterator[Delta]:
+        """Start ``key``'s request; its deltas end with one that says ``finished``.
+
+        Raises ResourceUnavailable when ``max_num_seqs`` requests are in flight. An aborted
+        request's iterator raises RequestCancelled.
+        """
+        ...
+
+    async def abort(self, key: RequestKey, /) -> bool:
+        """Abort ``key``'s request and wait until its slot is free; False if it was not in flight."""
         ...

@@ -22,10 +22,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from runtime.artifacts import VerifiedBundle, load_example_inputs
-from runtime.backends.base import CallResult, StageRecord, TensorSpec
+from runtime.backends.base import (
+    CallResult,
+    ReservationRecord,
+    StageRecord,
+    WorkerRecord,
+    check_usable,
+)
 from runtime.backends.placement import PlacementReport, gate_placement
 from runtime.backends.worker_client import WorkerStageClient, worker_launch_spec
-from runtime.config import GraphBackendConfig
 from runtime.contracts import FrameLimits, RequestKey
 from runtime.contracts.binary import FEATURE as BINARY_FEATURE
 from runtime.contracts.buffers import DescriptorError
@@ -40,6 +45,7 @@ from runtime.contracts.messages import (
     ResultMessage,
     decode_message,
 )
+from runtime.contracts.process import GRAPH_TMPDIR_PREFIX, PRIVATE_TMPDIR_VARIABLE
 from runtime.errors import (
     ConfigError,
     ExecutionError,
@@ -48,7 +54,7 @@ from runtime.errors import (
     PlacementRefused,
     RequestCancelled,
     ResourceUnavailable,
-    UsageError,
+    StageRetired,
     VerificationError,
 )
 from runtime.host import current_os_domain, spawn_worker
@@ -60,9 +66,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     from runtime.backends.threads import ThreadPlan
-    from runtime.config import StageConfig
+    from runtime.config import RouteConfig
     from runtime.contracts.codec import Frame
-    from runtime.contracts.messages import Message
+    from runtime.contracts.messages import Message, TensorSpec
     from runtime.events import EventBus
     from runtime.host import LaunchSpec, RetireOutcome
     from runtime.ledger import ResourceLedger, StageReservation
@@ -84,12 +90,91 @@ class GraphTimeouts:
     shutdown_s: float = 2.0
 
 
-class StageRetired(ExecutionError):
-    """The stage's worker was retired; recreate the pipeline to use this stage again."""
+@dataclass(frozen=True, slots=True)
+class GraphStageSpec:
+    """One graph stage as the engine resolved it: its verified bundle and its route.
+
+    ``threads`` is the stage's share of ONNX Runtime threads (None: ONNX Runtime's default).
+    Both graph clients (a worker process, or :mod:`runtime.backends.inprocess`) are made from it.
+    """
+
+    name: str
+    bundle: VerifiedBundle
+    route: RouteConfig
+    threads: ThreadPlan | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ArenaRecord:
+    """The shared-memory arenas of a worker's calls: the controller's for inputs, the
+    worker's for outputs."""
+
+    inputs_bytes: int
+    outputs_bytes: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"inputs_bytes": self.inputs_bytes, "outputs_bytes": self.outputs_bytes}
+
+
+@dataclass(frozen=True, slots=True)
+class GraphStageDetail:
+    """What a graph stage reports in ``execution_plan``, whichever client serves it."""
+
+    spec: GraphStageSpec
+    worker: WorkerRecord
+    reservation: ReservationRecord | None
+    placement: PlacementReport | None
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    load_s: float | None
+    warmup_s: float | None
+    worker_rss_bytes: int | None
+    applied_intra_op_threads: int | None
+    applied_allow_spinning: bool | None
+    arenas: ArenaRecord | None
+    usable: bool
+    failure: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        bundle, route, threads = self.spec.bundle, self.spec.route, self.spec.threads
+        return {
+            "label": "B",
+            "manifest": {
+                "path": str(bundle.manifest_path),
+                "identity": bundle.identity,
+                "component": bundle.manifest.component,
+            },
+            "worker": self.worker.to_json(),
+            "route": {
+                "name": route.name,
+                "interpreter": route.interpreter,
+                "worker": route.worker,
+                "ep": route.ep,
+                "os_domain": route.os_domain,
+                "max_io_bytes": route.max_io_bytes,
+                "min_fraction_on_target": route.min_fraction_on_target,
+                "allowed_providers": list(route.allowed_providers),
+            },
+            "reservation": None if self.reservation is None else self.reservation.to_json(),
+            "placement": None if self.placement is None else self.placement.to_json(),
+            "inputs": [spec.to_wire() for spec in self.inputs],
+            "outputs": [spec.to_wire() for spec in self.outputs],
+            "load_s": self.load_s,
+            "warmup_s": self.warmup_s,
+            "worker_rss_bytes": self.worker_rss_bytes,
+            "threads": {
+                **({} if threads is None else threads.to_json()),
+                "applied_intra_op_threads": self.applied_intra_op_threads,
+                "applied_allow_spinning": self.applied_allow_spinning,
+            },
+            "arenas": None if self.arenas is None else self.arenas.to_json(),
+            "usable": self.usable,
+            "failure": self.failure,
+        }
 
 
 class GraphStageClient(WorkerStageClient[ReadyMessage]):
-    """The engine's client for one ``external.graph.v1`` stage."""
+    """The engine's client for one ``external.graph.v1`` stage, served by a worker process."""
 
     _CLOSE_REASON = "pipeline closed"
     # Only the reader thread (started after the hello) can deliver the worker's bye.
@@ -97,23 +182,18 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
 
     def __init__(
         self,
-        stage: StageConfig,
+        spec: GraphStageSpec,
         *,
-        bundle: VerifiedBundle,
         ledger: ResourceLedger,
         reservation: StageReservation,
         generation: int,
         events: EventBus | None = None,
         timeouts: GraphTimeouts | None = None,
-        threads: ThreadPlan | None = None,
     ) -> None:
-        backend = stage.backend
-        if not isinstance(backend, GraphBackendConfig):
-            raise UsageError(f"{stage.name} is a {backend.name} stage, not a graph stage")
-        super().__init__(stage.name, ledger, reservation, generation, events)
-        self.stage = stage
-        self.route = backend.route
-        self.bundle = bundle
+        super().__init__(spec.name, ledger, reservation, generation, events)
+        self.spec = spec
+        self.route = spec.route
+        self.bundle = spec.bundle
         self.timeouts: GraphTimeouts = timeouts or GraphTimeouts()
         self._shm_prefix: str | None = None
         self._placement: PlacementReport | None = None
@@ -123,9 +203,9 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         self._pending: dict[int, tuple[RequestKey, asyncio.Future[Any]]] = {}
         self._slot: RequestKey | None = None
         self._running = False
-        self.threads = threads
         # The retained result's shared buffers, acknowledged when its slot is freed.
         self._result_acks: list[tuple[str, int]] = []
+        self.threads = spec.threads
 
     # -- state -----------------------------------------------------------------------
 
@@ -157,7 +237,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         same_domain = self.route.os_domain == current_os_domain()
         if same_domain:
             # Whatever the worker or its libraries leave in TMPDIR goes when it is retired.
-            self._tmpdir = Path(tempfile.mkdtemp(prefix=f"oe-graph-{self.generation}-"))
+            self._tmpdir = Path(tempfile.mkdtemp(prefix=f"{GRAPH_TMPDIR_PREFIX}{self.generation}-"))
         worker = self._spawn(self._launch_spec(), spawn_worker)
         if same_domain:
             self._shm_prefix = new_prefix(os.getpid(), self.generation)
@@ -205,8 +285,8 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
             min_fraction_on_target=self.route.min_fraction_on_target,
             stage=self.name,
         )
-        self._inputs = tuple(_spec(s) for s in message.inputs)
-        self._outputs = tuple(_spec(s) for s in message.outputs)
+        self._inputs = message.inputs
+        self._outputs = message.outputs
         if message.max_input_bytes > ARENA_THRESHOLD:
             # Inputs go to this arena, mapped and touched once; room for two calls' inputs.
             sizes = [spec_bytes(spec) for spec in self._inputs]
@@ -221,51 +301,32 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
     def record(self) -> StageRecord:
         """This stage's entry of ``execution_plan`` (labelled B: backend execution)."""
         ready = self._ready
-        detail: dict[str, Any] = {
-            "label": "B",
-            "manifest": {
-                "path": str(self.bundle.manifest_path),
-                "identity": self.bundle.identity,
-                "component": self.bundle.manifest.component,
-            },
-            "worker": self._worker_detail(self._launch_spec),
-            "route": {
-                "name": self.route.name,
-                "interpreter": self.route.interpreter,
-                "worker": self.route.worker,
-                "ep": self.route.ep,
-                "os_domain": self.route.os_domain,
-                "max_io_bytes": self.route.max_io_bytes,
-                "min_fraction_on_target": self.route.min_fraction_on_target,
-                "allowed_providers": list(self.route.allowed_providers),
-            },
-            "reservation": self._reservation_detail(),
-            "placement": None if self._placement is None else self._placement.to_json(),
-            "inputs": [spec.to_json() for spec in self._inputs],
-            "outputs": [spec.to_json() for spec in self._outputs],
-            "load_s": None if ready is None else ready.load_s,
-            "warmup_s": None if ready is None else ready.warmup_s,
-            "worker_rss_bytes": None if ready is None else ready.rss_bytes,
-            "threads": {
-                **({} if self.threads is None else self.threads.to_json()),
-                "applied_intra_op_threads": None if ready is None else ready.intra_op_threads,
-                "applied_allow_spinning": None if ready is None else ready.allow_spinning,
-            },
-            "arenas": self._arena_detail(),
-            "usable": self.usable,
-            "failure": None if self._failure is None else str(self._failure),
-        }
+        detail = GraphStageDetail(
+            spec=self.spec,
+            worker=self._worker_record(self._launch_spec),
+            reservation=self._reservation_record(),
+            placement=self._placement,
+            inputs=self._inputs,
+            outputs=self._outputs,
+            load_s=None if ready is None else ready.load_s,
+            warmup_s=None if ready is None else ready.warmup_s,
+            worker_rss_bytes=None if ready is None else ready.rss_bytes,
+            applied_intra_op_threads=None if ready is None else ready.intra_op_threads,
+            applied_allow_spinning=None if ready is None else ready.allow_spinning,
+            arenas=self._arena_record(),
+            usable=self.usable,
+            failure=None if self._failure is None else str(self._failure),
+        )
         return StageRecord(stage=self.name, backend=BACKEND_NAME, detail=detail)
 
-    def _arena_detail(self) -> dict[str, int] | None:
+    def _arena_record(self) -> ArenaRecord | None:
         ready, channel = self._ready, self._channel
         if ready is None or channel is None:
             return None
         inputs = channel.arena(self.name)
-        return {
-            "inputs_bytes": 0 if inputs is None else inputs.size,
-            "outputs_bytes": ready.arena_bytes,
-        }
+        return ArenaRecord(
+            inputs_bytes=0 if inputs is None else inputs.size, outputs_bytes=ready.arena_bytes
+        )
 
     # -- frames from the worker ----------------------------------------------------------
 
@@ -391,9 +452,10 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
 
     def _on_error(self, message: ErrorMessage) -> None:
         if message.call_id is None or message.fatal:
-            error = _worker_error(
+            error = worker_error(
                 self.name,
-                message,
+                message.code,
+                message.message,
                 cpu_allowed="CPUExecutionProvider" in self.route.allowed_providers,
             )
             self._on_worker_error(error, fatal=message.fatal)
@@ -420,14 +482,6 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
 
     # -- calls -----------------------------------------------------------------------
 
-    def _check_usable(self) -> None:
-        if self._failure is not None:
-            raise StageRetired(
-                f"{self.name} is unusable ({self._failure}); recreate the pipeline to use it again"
-            )
-        if self._closed or self._ready is None:
-            raise StageRetired(f"{self.name} is not running")
-
     async def call(
         self,
         key: RequestKey,
@@ -440,7 +494,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         let go of the arrays it passed. The result's arrays are read-only views over the
         worker's buffers, valid until :meth:`acknowledge` (or :meth:`cancel`) frees the slot.
         """
-        self._check_usable()
+        check_usable(self.name, self._failure, running=self.usable)
         if self._slot is not None:
             raise ResourceUnavailable(
                 f"{self.name} is busy with {self._slot.request_id}: one call and one retained "
@@ -596,22 +650,17 @@ _VERIFICATION_CODES = frozenset(
 _PLACEMENT_CODES = frozenset({"provider_absent", "placement_unavailable"})
 
 
-def _worker_error(stage: str, message: ErrorMessage, *, cpu_allowed: bool) -> OmniError:
-    """The typed error of a worker's load-time or fatal error report."""
-    text = f"{stage}: {message.code}: {message.message}"
-    if message.code in _VERIFICATION_CODES:
-        return VerificationError(text, code=message.code)
+def worker_error(stage: str, code: str, message: str, *, cpu_allowed: bool) -> OmniError:
+    """The typed error of a load-time or fatal error report (``code`` as the worker names it)."""
+    text = f"{stage}: {code}: {message}"
+    if code in _VERIFICATION_CODES:
+        return VerificationError(text, code=code)
     # Without CPU fallback, a session ORT cannot create is a graph the target cannot place.
-    if message.code in _PLACEMENT_CODES or (message.code == "session_failed" and not cpu_allowed):
+    if code in _PLACEMENT_CODES or (code == "session_failed" and not cpu_allowed):
         return PlacementRefused(text)
-    if message.code in ("bad_route", "too_large"):
+    if code in ("bad_route", "too_large"):
         return ConfigError(text)
     return ModelError(text)
-
-
-#: Names the worker's private temporary directory, which it removes when it exits (a worker
-#: outliving a killed controller cleans up after itself). Same value as in ``workers.ort_worker``.
-PRIVATE_TMPDIR_VARIABLE = "OMNI_EDGE_WORKER_TMPDIR"
 
 
 def _temp_variables(tmpdir: Path, os_domain: str) -> dict[str, str]:
@@ -622,17 +671,9 @@ def _temp_variables(tmpdir: Path, os_domain: str) -> dict[str, str]:
     return variables
 
 
-def _spec(wire: Any) -> TensorSpec:
-    return TensorSpec(
-        name=wire.name,
-        dtype=wire.dtype.value,
-        shape=tuple(int(d) if isinstance(d, int) else -1 for d in wire.shape),
-    )
-
-
 def spec_bytes(spec: TensorSpec) -> int:
     """The bytes of a tensor of fixed shape (unknown dimensions count as 1)."""
     count = 1
     for dim in spec.shape:
-        count *= max(1, dim)
-    return count * int(np.dtype(spec.dtype).itemsize)
+        count *= max(1, dim) if isinstance(dim, int) else 1
+    return count * spec.dtype.itemsize

@@ -1,12 +1,10 @@
-"""What the engine needs from a language-model stage backend: the ``LlmStageClient`` protocol.
+"""What the language-model clients share: their delta streams and their admission rule.
 
-Two backends serve a ``native.vllm.v1`` stage: :class:`~runtime.backends.vllm_client.VllmStageClient`
-(vLLM in a worker process) and ``RemoteLlmStageClient`` (an OpenAI-compatible server). Unlike a
-graph client, which holds one call and one retained result, a language-model client takes up
-to ``max_num_seqs`` requests at once and streams each one's text as
-:class:`~runtime.backends.vllm_client.Delta` values; the delta that says ``finished`` frees the
-request's slot, and :meth:`LlmStageClient.abort` frees it early. Both clients stream through a
-:class:`RequestDeltaStream` and admit requests with :func:`check_admission`.
+Two backends serve a ``native.vllm.v1`` stage, both :class:`~runtime.backends.base.LlmClient`:
+:class:`~runtime.backends.vllm_client.VllmStageClient` (vLLM in a worker process) and
+``RemoteLlmStageClient`` (an OpenAI-compatible server). Both stream each request's
+:class:`~runtime.backends.base.Delta` values through a :class:`RequestDeltaStream` and admit
+requests with :func:`check_admission`.
 """
 
 from __future__ import annotations
@@ -18,48 +16,10 @@ from typing import TYPE_CHECKING, Generic, Protocol, Self, TypeVar
 from runtime.errors import ResourceUnavailable
 
 if TYPE_CHECKING:
-    from collections.abc import Collection, Sequence
+    from collections.abc import Collection
 
-    from runtime.backends.base import StageRecord
-    from runtime.backends.vllm_client import Delta
+    from runtime.backends.base import Delta
     from runtime.contracts import RequestKey
-    from runtime.contracts.llm_messages import SamplingSpec
-
-
-class LlmStageClient(Protocol):
-    """The engine's handle on one language-model stage."""
-
-    @property
-    def usable(self) -> bool:
-        """False once the stage failed or was closed; recreate the pipeline to use it again."""
-        ...
-
-    @property
-    def max_num_seqs(self) -> int:
-        """How many requests may be in flight at once."""
-        ...
-
-    async def start(self) -> StageRecord:
-        """Start the stage (a worker and its engine, or a checked connection)."""
-        ...
-
-    async def generate(
-        self, key: RequestKey, prompt: str | Sequence[int], sampling: SamplingSpec, /
-    ) -> AsyncIterator[Delta]:
-        """Start ``key``'s request; its deltas end with one that says ``finished``.
-
-        Raises ResourceUnavailable when ``max_num_seqs`` requests are in flight. An aborted
-        request's iterator raises RequestCancelled.
-        """
-        ...
-
-    async def abort(self, key: RequestKey, /) -> bool:
-        """Abort ``key``'s request and wait until its slot is free; False if it was not in flight."""
-        ...
-
-    async def close(self) -> None:
-        """Stop the stage and settle its reservation. Idempotent."""
-        ...
 
 
 class _Aborts(Protocol):

@@ -48,7 +48,7 @@ from urllib.parse import SplitResult, urlsplit
 
 import httpx
 
-from runtime.backends.base import StageRecord
+from runtime.backends.base import Delta, StageRecord, check_usable
 from runtime.backends.llm import RequestDeltaStream, check_admission
 from runtime.backends.openai_wire import (
     DONE_DATA,
@@ -70,10 +70,10 @@ from runtime.backends.openai_wire import (
     parse_model_list,
     parse_sse_line,
 )
-from runtime.backends.vllm_client import Delta, StageRetired
-from runtime.errors import OmniError, RequestCancelled, UsageError
+from runtime.errors import OmniError, RequestCancelled, StageRetired, UsageError
 
 if TYPE_CHECKING:
+    from runtime.backends.base import LlmClient
     from runtime.contracts import RequestKey
     from runtime.contracts.llm_messages import SamplingSpec
     from runtime.events import EventBus
@@ -202,6 +202,38 @@ class RemoteEndpoint:
         """The full URL of ``endpoint`` (``models``, ``completions``), for messages."""
         parts = _split_url(self.url)
         return f"{parts.scheme}://{self.host_header}{self.api_path}/{endpoint}"
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteStageDetail:
+    """What a remote stage reports in ``execution_plan``: the endpoint and what its check found.
+
+    It reserves nothing here (the memory is on the server), so its ``reservation`` is None.
+    """
+
+    endpoint: RemoteEndpoint
+    offered_models: tuple[str, ...]
+    max_model_len: int | None
+    check_s: float | None
+    usable: bool
+    failure: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        endpoint = self.endpoint
+        return {
+            "url": endpoint.url_of("completions"),
+            "model": endpoint.model,
+            "offered_models": list(self.offered_models),
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": endpoint.max_in_flight,
+            "authenticated": endpoint.api_key is not None,
+            "connect_timeout_s": endpoint.connect_timeout_s,
+            "read_timeout_s": endpoint.read_timeout_s,
+            "check_s": self.check_s,
+            "reservation": None,
+            "usable": self.usable,
+            "failure": self.failure,
+        }
 
 
 def _split_url(url: str) -> SplitResult:
@@ -403,32 +435,17 @@ class RemoteLlmStageClient:
 
     def record(self) -> StageRecord:
         """This stage's entry of ``execution_plan``."""
-        endpoint = self.endpoint
-        detail: dict[str, Any] = {
-            "url": endpoint.url_of("completions"),
-            "model": endpoint.model,
-            "offered_models": list(self._offered),
-            "max_model_len": self._max_model_len,
-            "max_num_seqs": endpoint.max_in_flight,
-            "authenticated": endpoint.api_key is not None,
-            "connect_timeout_s": endpoint.connect_timeout_s,
-            "read_timeout_s": endpoint.read_timeout_s,
-            "check_s": self._check_s,
-            "reservation": None,
-            "usable": self.usable,
-            "failure": None if self._failure is None else str(self._failure),
-        }
+        detail = RemoteStageDetail(
+            endpoint=self.endpoint,
+            offered_models=self._offered,
+            max_model_len=self._max_model_len,
+            check_s=self._check_s,
+            usable=self.usable,
+            failure=None if self._failure is None else str(self._failure),
+        )
         return StageRecord(stage=self.name, backend=BACKEND_NAME, detail=detail)
 
     # -- requests --------------------------------------------------------------------
-
-    def _check_usable(self) -> None:
-        if self._failure is not None:
-            raise StageRetired(
-                f"{self.name} is unusable ({self._failure}); recreate the stage to use it again"
-            )
-        if self._closed or not self._ready:
-            raise StageRetired(f"{self.name} is not running")
 
     async def generate(
         self, key: RequestKey, prompt: str | Sequence[int], sampling: SamplingSpec
@@ -441,7 +458,7 @@ class RemoteLlmStageClient:
         connection can be made, and :class:`RemoteRequestFailed` when the server refuses
         the request (an HTTP error status, e.g. 400 for sampling it does not accept).
         """
-        self._check_usable()
+        check_usable(self.name, self._failure, running=self.usable, recreate="stage")
         check_admission(self.name, key, self._requests, self.max_num_seqs, "max_in_flight")
         http = self._http
         assert http is not None
@@ -693,6 +710,13 @@ class RemoteLlmStageClient:
         if exc.where is not None:
             return exc
         return RemoteProtocolError(exc.detail, code=exc.code, where=f"{self.name} ({url})")
+
+
+if TYPE_CHECKING:
+    # The engine imports this module only for a pipeline that names a remote route, so it
+    # holds the client as an LlmClient: checked here.
+    def _is_an_llm_client(client: RemoteLlmStageClient) -> LlmClient:
+        return client
 
 
 # -- plumbing ---------------------------------------------------------------------------

@@ -34,7 +34,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 import psutil
 
-from runtime.backends.base import StageRecord
+from runtime.backends.base import (
+    Delta,
+    ReservationRecord,
+    StageRecord,
+    WorkerRecord,
+    check_usable,
+)
 from runtime.backends.llm import RequestDeltaStream, check_admission
 from runtime.backends.worker_client import WorkerStageClient, worker_launch_spec
 from runtime.contracts import FrameLimits, RequestKey
@@ -61,6 +67,7 @@ from runtime.errors import (
     OmniError,
     RequestCancelled,
     ResourceUnavailable,
+    StageRetired,
     UsageError,
     WorkerDied,
 )
@@ -130,26 +137,40 @@ class VllmTimeouts:
 
 
 @dataclass(frozen=True, slots=True)
-class Delta:
-    """New output of one request: the text and token ids added since the previous delta.
+class VllmStageDetail:
+    """What a vLLM stage reports in ``execution_plan``: its spec, worker and built engine."""
 
-    ``index`` counts the request's deltas from 0; ``received_at`` is ``time.monotonic()``
-    when the controller read it. The last delta has ``finished`` true and a
-    ``finish_reason`` (``stop`` or ``length``); an aborted request raises
-    :class:`~runtime.errors.RequestCancelled` instead of ending with a delta.
-    """
+    spec: VllmStageSpec
+    worker: WorkerRecord
+    reservation: ReservationRecord | None
+    ready: LlmReadyMessage | None
+    usable: bool
+    failure: str | None
 
-    key: RequestKey
-    text: str
-    token_ids: tuple[int, ...]
-    finished: bool
-    finish_reason: str | None
-    index: int
-    received_at: float
-
-
-class StageRetired(ExecutionError):
-    """The stage's worker was retired; recreate the stage to use it again."""
+    def to_json(self) -> dict[str, Any]:
+        spec, ready = self.spec, self.ready
+        return {
+            "label": "B",
+            "model_dir": str(spec.model_dir),
+            "engine_args": spec.engine_args.to_wire(),
+            "worker": self.worker.to_json(),
+            "route": {
+                "interpreter": spec.route.interpreter,
+                "worker": spec.route.worker,
+                "os_domain": spec.route.os_domain,
+            },
+            "reservation": None if self.reservation is None else self.reservation.to_json(),
+            "vllm_version": None if ready is None else ready.vllm_version,
+            "device": None if ready is None else ready.device,
+            "max_num_seqs": None if ready is None else ready.max_num_seqs,
+            "max_model_len": None if ready is None else ready.max_model_len,
+            "load_s": None if ready is None else ready.load_s,
+            "worker_rss_bytes": None if ready is None else ready.rss_bytes,
+            "worker_pss_bytes": None if ready is None else ready.pss_bytes,
+            "worker_processes": None if ready is None else ready.processes,
+            "usable": self.usable,
+            "failure": self.failure,
+        }
 
 
 def engine_floor_bytes(model_dir: Path, engine_args: EngineArgs) -> int:
@@ -344,29 +365,14 @@ class VllmStageClient(WorkerStageClient[LlmReadyMessage]):
 
     def record(self) -> StageRecord:
         """This stage's entry of ``execution_plan``."""
-        ready = self._ready
-        detail: dict[str, Any] = {
-            "label": "B",
-            "model_dir": str(self.spec.model_dir),
-            "engine_args": self.spec.engine_args.to_wire(),
-            "worker": self._worker_detail(self.launch_spec),
-            "route": {
-                "interpreter": self.route.interpreter,
-                "worker": self.route.worker,
-                "os_domain": self.route.os_domain,
-            },
-            "reservation": self._reservation_detail(),
-            "vllm_version": None if ready is None else ready.vllm_version,
-            "device": None if ready is None else ready.device,
-            "max_num_seqs": None if ready is None else ready.max_num_seqs,
-            "max_model_len": None if ready is None else ready.max_model_len,
-            "load_s": None if ready is None else ready.load_s,
-            "worker_rss_bytes": None if ready is None else ready.rss_bytes,
-            "worker_pss_bytes": None if ready is None else ready.pss_bytes,
-            "worker_processes": None if ready is None else ready.processes,
-            "usable": self.usable,
-            "failure": None if self._failure is None else str(self._failure),
-        }
+        detail = VllmStageDetail(
+            spec=self.spec,
+            worker=self._worker_record(self.launch_spec),
+            reservation=self._reservation_record(),
+            ready=self._ready,
+            usable=self.usable,
+            failure=None if self._failure is None else str(self._failure),
+        )
         return StageRecord(stage=self.name, backend=BACKEND_NAME, detail=detail)
 
     # -- frames from the worker (reader thread -> loop) ----------------------------------
@@ -474,14 +480,6 @@ class VllmStageClient(WorkerStageClient[LlmReadyMessage]):
 
     # -- requests --------------------------------------------------------------------
 
-    def _check_usable(self) -> None:
-        if self._failure is not None:
-            raise StageRetired(
-                f"{self.name} is unusable ({self._failure}); recreate the stage to use it again"
-            )
-        if self._closed or self._ready is None:
-            raise StageRetired(f"{self.name} is not running")
-
     async def generate(
         self, key: RequestKey, prompt: str | Sequence[int], sampling: SamplingSpec
     ) -> DeltaStream:
@@ -490,7 +488,7 @@ class VllmStageClient(WorkerStageClient[LlmReadyMessage]):
         ``prompt`` is text or a list of token ids. Raises :class:`ResourceUnavailable` when
         ``max_num_seqs`` requests are in flight or ``key``'s request is already running.
         """
-        self._check_usable()
+        check_usable(self.name, self._failure, running=self.usable, recreate="stage")
         check_admission(self.name, key, self._requests, self.max_num_seqs, "max_num_seqs")
         if isinstance(prompt, str):
             message = GenerateMessage(key.request_id, key.epoch, prompt, None, sampling)
@@ -535,7 +533,7 @@ class VllmStageClient(WorkerStageClient[LlmReadyMessage]):
 
     async def stats(self) -> LlmStatsMessage:
         """The worker tree's memory now and how many requests it holds."""
-        self._check_usable()
+        check_usable(self.name, self._failure, running=self.usable, recreate="stage")
         assert self._loop is not None
         assert self._channel is not None
         waiter: asyncio.Future[LlmStatsMessage] = self._loop.create_future()

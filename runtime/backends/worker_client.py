@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Generic, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, BinaryIO, ClassVar, Generic, Protocol, TypeVar, cast
 
+from runtime.backends.base import ReservationRecord, WorkerRecord, reservation_record
 from runtime.backends.retirement import settle_reservation
 from runtime.contracts.messages import HelloMessage, ShutdownMessage
 from runtime.errors import ExecutionError, WorkerDied
@@ -184,20 +185,14 @@ class WorkerStageClient(ABC, Generic[ReadyT]):
     def pid(self) -> int | None:
         return None if self._worker is None else self._worker.pid
 
-    def _worker_detail(self, launch_spec: Callable[[], LaunchSpec]) -> dict[str, Any]:
+    def _worker_record(self, launch_spec: Callable[[], LaunchSpec]) -> WorkerRecord:
         """The ``worker`` entry of the stage's record."""
-        return {
-            "pid": self.pid,
-            "generation": self.generation,
-            "argv": [] if self._worker is None else list(launch_spec().argv),
-        }
+        argv = () if self._worker is None else tuple(launch_spec().argv)
+        return WorkerRecord(pid=self.pid, generation=self.generation, argv=argv)
 
-    def _reservation_detail(self) -> dict[str, Any] | None:
+    def _reservation_record(self) -> ReservationRecord | None:
         """The ``reservation`` entry of the stage's record (None once it is settled)."""
-        reservation = self._reservation
-        if reservation is None:
-            return None
-        return {"id": reservation.id, "amounts": dict(reservation.amounts)}
+        return reservation_record(self._reservation)
 
     # -- start -----------------------------------------------------------------------
 

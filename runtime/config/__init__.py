@@ -20,7 +20,7 @@ value keeps the line it came from. An example::
           route:
             name: local-cpu
             interpreter: bundled                # or env:NAME, or a Python executable
-            worker: ort                         # or a worker .py file
+            worker: ort                         # or a worker .py file, or inprocess
             ep: cpu
             os_domain: posix
             max_io_bytes: 8MiB

@@ -37,8 +37,9 @@ OS_DOMAINS = ("posix", "windows")
 BUNDLED_INTERPRETER = "bundled"
 ENV_INTERPRETER_PREFIX = "env:"
 GRAPH_BACKEND: Final = "external.graph.v1"
-#: Built-in worker names a graph route may use instead of a worker file.
-GRAPH_WORKERS = ("ort",)
+#: Built-in worker names a graph route may use instead of a worker file. ``inprocess`` runs
+#: the stage in the controller's process (for tests and trusted stages; no isolation).
+GRAPH_WORKERS = ("ort", "inprocess")
 
 _PROVIDER_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]*ExecutionProvider$")
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from runtime.contracts import RequestKey, new_request_id
+from runtime.engine.metrics import RequestMetrics, StageCallMetrics, StageTotals
 from runtime.engine.outputs import END, OutputStream
 from runtime.engine.program import PipelineProgram, RequestContext, load_program
 from runtime.engine.stage_runtime import StageRuntime
@@ -46,8 +47,8 @@ from runtime.ledger import ResourceLedger
 if TYPE_CHECKING:
     import numpy as np
 
-    from runtime.backends.graph import GraphStageClient, GraphTimeouts
-    from runtime.backends.llm import LlmStageClient
+    from runtime.backends.base import StageClient
+    from runtime.backends.graph import GraphTimeouts
     from runtime.config import PipelineConfig
     from runtime.devices import DeviceSelection, Topology
 
@@ -95,7 +96,7 @@ class Request:
     #: Set by the caller's thread when it acknowledges the request's final output: the
     #: request no longer counts against admission while the loop winds it up.
     final_consumed: bool = False
-    stage_metrics: list[dict[str, Any]] = field(default_factory=list)
+    stage_metrics: list[StageCallMetrics] = field(default_factory=list)
 
 
 class Orchestrator:
@@ -135,7 +136,7 @@ class Orchestrator:
         self._thread: threading.Thread | None = None
         self._state = "new"  # new -> running -> closed
         self._execution_plan: dict[str, Any] = {}
-        self._completed: list[dict[str, Any]] = []
+        self._completed: list[RequestMetrics] = []
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -232,7 +233,7 @@ class Orchestrator:
         return self._execution_plan
 
     @property
-    def clients(self) -> list[GraphStageClient | LlmStageClient]:
+    def clients(self) -> list[StageClient]:
         """Each stage's backend client, in stage order."""
         return list(self._runtime.clients)
 
@@ -256,24 +257,15 @@ class Orchestrator:
                 timeout=JOIN_DEADLINE_S,
             )
             completed = list(self._completed)
-        per_stage: dict[str, dict[str, float]] = {}
+        per_stage: dict[str, StageTotals] = {}
         for request in completed:
-            for entry in request["stages"]:
-                totals = per_stage.setdefault(
-                    entry["stage"],
-                    {
-                        "calls": 0,
-                        "queue_s": 0.0,
-                        "run_s": 0.0,
-                        "transfer_s": 0.0,
-                        "bytes_in": 0,
-                        "bytes_out": 0,
-                    },
-                )
-                totals["calls"] += 1
-                for name in ("queue_s", "run_s", "transfer_s", "bytes_in", "bytes_out"):
-                    totals[name] += entry[name]
-        return {"pipeline": self.config.pipeline, "requests": completed, "stages": per_stage}
+            for call in request.stages:
+                per_stage[call.stage] = per_stage.get(call.stage, StageTotals()).plus(call)
+        return {
+            "pipeline": self.config.pipeline,
+            "requests": [request.to_json() for request in completed],
+            "stages": {stage: totals.to_json() for stage, totals in per_stage.items()},
+        }
 
     # -- requests (any thread) -------------------------------------------------------
 
@@ -403,11 +395,7 @@ class Orchestrator:
                 self._running.append(admitted)
                 following.append(admitted)
             self._completed.append(
-                {
-                    "request_id": request.request_id,
-                    "status": status,
-                    "stages": request.stage_metrics,
-                }
+                RequestMetrics(request.request_id, status, tuple(request.stage_metrics))
             )
             del self._completed[:-1000]
             self._finished.notify_all()

@@ -29,6 +29,7 @@ import numpy as np
 from runtime.config import LlmBackendConfig, resolve_callable
 from runtime.contracts.llm_messages import SamplingSpec
 from runtime.contracts.messages import MessageError
+from runtime.engine.metrics import GenerationMetrics, StageCallMetrics
 from runtime.engine.outputs import OmniRequestOutput
 from runtime.engine.stages import GraphStage, LlmStage, StageHandle
 from runtime.errors import ModelError, RequestCancelled, UsageError
@@ -38,10 +39,10 @@ from runtime.pipeline_input import TENSOR_INPUT, TEXT_INPUT
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from runtime.backends.base import CallResult, TensorSpec
-    from runtime.backends.vllm_client import Delta
+    from runtime.backends.base import CallResult, Delta
     from runtime.config import PipelineConfig
     from runtime.contracts import RequestKey
+    from runtime.contracts.messages import TensorSpec
     from runtime.engine.orchestrator import Request
 
 Transform = Callable[[Mapping[str, np.ndarray]], Mapping[str, Any]]
@@ -231,32 +232,33 @@ class TextStream(AsyncIterator[str]):
             max(0.0, self._started_at - request.submitted_at) if not request.stage_metrics else 0.0
         )
         prompt = self._prompt
-        entry: dict[str, Any] = {
-            "stage": self._stage.name,
-            "queue_s": queue_s,
-            "run_s": finished - self._started_at,
-            "transfer_s": 0.0,
-            "bytes_in": len(prompt.encode("utf-8")) if isinstance(prompt, str) else 4 * len(prompt),
-            "bytes_out": len(self.text.encode("utf-8")),
-            "tokens": self.tokens,
-            "finish_reason": self.finish_reason,
-            "time_to_first_token_s": None
-            if self._first_at is None
-            else self._first_at - self._started_at,
-            # perf_counter instants: when the request entered the engine and when it finished.
-            "started_at": self._started_at,
-            "finished_at": finished,
-        }
+        entry = StageCallMetrics(
+            stage=self._stage.name,
+            queue_s=queue_s,
+            run_s=finished - self._started_at,
+            transfer_s=0.0,
+            bytes_in=len(prompt.encode("utf-8")) if isinstance(prompt, str) else 4 * len(prompt),
+            bytes_out=len(self.text.encode("utf-8")),
+            generation=GenerationMetrics(
+                tokens=self.tokens,
+                finish_reason=self.finish_reason,
+                time_to_first_token_s=None
+                if self._first_at is None
+                else self._first_at - self._started_at,
+                started_at=self._started_at,
+                finished_at=finished,
+            ),
+        )
         request.stage_metrics.append(entry)
         self._ctx.events.publish(
             StageCallFinished(
                 request_id=request.request_id,
-                stage=self._stage.name,
-                queue_s=entry["queue_s"],
-                run_s=entry["run_s"],
-                transfer_s=0.0,
-                bytes_in=entry["bytes_in"],
-                bytes_out=entry["bytes_out"],
+                stage=entry.stage,
+                queue_s=entry.queue_s,
+                run_s=entry.run_s,
+                transfer_s=entry.transfer_s,
+                bytes_in=entry.bytes_in,
+                bytes_out=entry.bytes_out,
             )
         )
 
@@ -371,17 +373,28 @@ class RequestContext:
             if not self.request.stage_metrics
             else started - waited_from
         )
-        entry: dict[str, Any] = {
-            "stage": handle.name,
-            "queue_s": queue_s,
-            "run_s": result.run_s,
-            "transfer_s": result.transfer_s,
-            "bytes_in": result.bytes_in,
-            "bytes_out": result.bytes_out,
-            "copied_bytes": result.copied_bytes,
-        }
+        entry = StageCallMetrics(
+            stage=handle.name,
+            queue_s=queue_s,
+            run_s=result.run_s,
+            transfer_s=result.transfer_s,
+            bytes_in=result.bytes_in,
+            bytes_out=result.bytes_out,
+            copied_bytes=result.copied_bytes,
+        )
         self.request.stage_metrics.append(entry)
-        self.events.publish(StageCallFinished(request_id=self.request_id, **entry))
+        self.events.publish(
+            StageCallFinished(
+                request_id=self.request_id,
+                stage=entry.stage,
+                queue_s=entry.queue_s,
+                run_s=entry.run_s,
+                transfer_s=entry.transfer_s,
+                bytes_in=entry.bytes_in,
+                bytes_out=entry.bytes_out,
+                copied_bytes=result.copied_bytes,
+            )
+        )
         if hold:
             self.resources.held.append(handle)
         else:
@@ -457,7 +470,10 @@ class RequestContext:
             outputs=values,
             finished=finished,
             index=self._index,
-            metrics={"stages": list(self.request.stage_metrics), **(metrics or {})},
+            metrics={
+                "stages": [call.to_json() for call in self.request.stage_metrics],
+                **(metrics or {}),
+            },
             text=text,
         )
         request = self.request

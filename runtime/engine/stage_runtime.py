@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from runtime.artifacts import VerifiedBundle, verify_bundle
-from runtime.backends.graph import GraphStageClient, GraphTimeouts
+from runtime.backends.graph import GraphStageClient, GraphStageSpec, GraphTimeouts
+from runtime.backends.inprocess import INPROCESS_WORKER, InProcessGraphClient
 from runtime.backends.threads import plan_threads
 from runtime.backends.vllm_client import (
     DEFAULT_MEMORY_CONSTRAINT,
@@ -55,7 +56,7 @@ from runtime.host import RouteError, is_frozen, resolve_interpreter, worker_argv
 from runtime.models.tiny_llm import TinyModelError, ensure_tiny_model
 
 if TYPE_CHECKING:
-    from runtime.backends.llm import LlmStageClient
+    from runtime.backends.base import GraphClient, LlmClient, StageClient
     from runtime.config import PipelineConfig, StageConfig
     from runtime.ledger import PlanReservation, ResourceLedger, StageReservation
 
@@ -126,7 +127,7 @@ class StageRuntime:
         self.threads = plan_threads(config)
         self.stages: list[StageHandle] = []
         #: Each stage's backend client, in stage order.
-        self.clients: list[GraphStageClient | LlmStageClient] = []
+        self.clients: list[StageClient] = []
         self._plan: PlanReservation | None = None
 
     # -- resolve (no process, no reservation) ------------------------------------------
@@ -225,31 +226,20 @@ class StageRuntime:
                 self.stages.append(handle)
                 self.clients.append(handle.client)
             for handle in self.stages:
-                route = (
-                    handle.client.route.name
-                    if isinstance(handle, GraphStage)
-                    else handle.backend.route_name
-                )
-                self.events.publish(StageStarting(stage=handle.name, route=route))
+                self.events.publish(StageStarting(stage=handle.name, route=handle.route_name))
             results = await asyncio.gather(
-                *(self._start_one(handle) for handle in self.stages), return_exceptions=True
+                *(handle.start() for handle in self.stages), return_exceptions=True
             )
             for handle, result in zip(self.stages, results, strict=True):
                 if isinstance(result, BaseException):
                     if isinstance(result, OmniError):
                         raise StageStartError(handle.name, result) from result
                     raise result
-                self.events.publish(StageReady(stage=handle.name, record=result))
+                self.events.publish(StageReady(stage=handle.name, record=result.to_json()))
         except BaseException:
             await self.close()
             raise
         return self.stages
-
-    @staticmethod
-    async def _start_one(handle: StageHandle) -> dict[str, Any]:
-        if isinstance(handle, GraphStage):
-            return (await handle.client.start()).to_json()
-        return (await handle.start()).to_json()
 
     async def _make_stage(
         self, stage: StageConfig, found: _Resolved, reservation: StageReservation
@@ -257,17 +247,13 @@ class StageRuntime:
         backend = stage.backend
         if isinstance(backend, GraphBackendConfig):
             assert isinstance(found, VerifiedBundle)
-            client = GraphStageClient(
-                stage,
+            spec = GraphStageSpec(
+                name=stage.name,
                 bundle=found,
-                ledger=self.ledger,
-                reservation=reservation,
-                generation=next_generation(),
-                events=self.events,
-                timeouts=self.timeouts,
+                route=backend.route,
                 threads=self.threads.get(stage.name),
             )
-            return GraphStage(stage, client)
+            return GraphStage(stage, backend.route.name, self._graph_client(spec, reservation))
         if isinstance(found, _RemoteLlm):
             # A remote stage holds no local memory: its reservation stays with this runtime.
             return LlmStage(stage, backend, self._remote_client(stage, backend, found))
@@ -275,7 +261,7 @@ class StageRuntime:
         assert isinstance(backend.route, LlmRouteConfig)
         model_dir = await self._model_dir(stage, backend, found)
         route = backend.route
-        spec = VllmStageSpec(
+        llm_spec = VllmStageSpec(
             name=stage.name,
             model_dir=model_dir,
             engine_args=backend.engine_args,
@@ -288,7 +274,7 @@ class StageRuntime:
             demands=stage.resource_budget.demands,
         )
         vllm = VllmStageClient(
-            spec,
+            llm_spec,
             ledger=self.ledger,
             reservation=reservation,
             generation=next_generation(),
@@ -297,6 +283,20 @@ class StageRuntime:
             env_dir=self.env_dir,
         )
         return LlmStage(stage, backend, vllm)
+
+    def _graph_client(self, spec: GraphStageSpec, reservation: StageReservation) -> GraphClient:
+        """A worker process serves the stage, or this process for a route's ``worker: inprocess``."""
+        client_class: type[GraphStageClient] | type[InProcessGraphClient] = (
+            InProcessGraphClient if spec.route.worker == INPROCESS_WORKER else GraphStageClient
+        )
+        return client_class(
+            spec,
+            ledger=self.ledger,
+            reservation=reservation,
+            generation=next_generation(),
+            events=self.events,
+            timeouts=self.timeouts,
+        )
 
     async def _model_dir(
         self, stage: StageConfig, backend: LlmBackendConfig, found: _LocalLlm
@@ -315,7 +315,7 @@ class StageRuntime:
 
     def _remote_client(
         self, stage: StageConfig, backend: LlmBackendConfig, found: _RemoteLlm
-    ) -> LlmStageClient:
+    ) -> LlmClient:
         """The remote route's client; its module is imported only for a pipeline that names one."""
         route = backend.route
         assert isinstance(route, RemoteLlmRoute)
@@ -329,7 +329,7 @@ class StageRuntime:
             max_in_flight=backend.engine_args.max_num_seqs,
         )
         return cast(
-            "LlmStageClient", module.RemoteLlmStageClient(stage.name, endpoint, events=self.events)
+            "LlmClient", module.RemoteLlmStageClient(stage.name, endpoint, events=self.events)
         )
 
     # -- while running -----------------------------------------------------------------

@@ -4,6 +4,8 @@ A :class:`GraphStage` keeps the graph backend's rule of one call and one retaine
 requests that run at once (a pipeline with a language-model stage admits several) wait
 for it in turn on its lock instead of being refused. A :class:`LlmStage` takes up to its
 client's ``max_num_seqs`` requests at once, each with the stage's sampling defaults.
+Both hold their client through the protocols of :mod:`runtime.backends.base`, whichever
+class serves the stage.
 """
 
 from __future__ import annotations
@@ -11,12 +13,8 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeAlias
 
-from runtime.backends.vllm_client import VllmStageClient
-
 if TYPE_CHECKING:
-    from runtime.backends.base import StageRecord
-    from runtime.backends.graph import GraphStageClient
-    from runtime.backends.llm import LlmStageClient
+    from runtime.backends.base import GraphClient, LlmClient, StageRecord
     from runtime.config import LlmBackendConfig, StageConfig
     from runtime.contracts import RequestKey
     from runtime.contracts.llm_messages import SamplingSpec
@@ -32,8 +30,9 @@ class GraphStage:
 
     kind: ClassVar[str] = GRAPH
 
-    def __init__(self, config: StageConfig, client: GraphStageClient) -> None:
+    def __init__(self, config: StageConfig, route_name: str, client: GraphClient) -> None:
         self.config = config
+        self.route_name = route_name
         self.client = client
         self.lock = asyncio.Lock()
 
@@ -41,8 +40,11 @@ class GraphStage:
     def name(self) -> str:
         return self.config.name
 
+    async def start(self) -> StageRecord:
+        return await self.client.start()
+
     async def cancel(self, key: RequestKey) -> None:
-        """Drop ``key``'s retained result, or retire the worker of its active call."""
+        """Drop ``key``'s retained result, or retire the stage of its active call."""
         await self.client.cancel(key)
 
     async def close(self) -> None:
@@ -57,17 +59,18 @@ class LlmStage:
 
     kind: ClassVar[str] = LLM
 
-    def __init__(
-        self, config: StageConfig, backend: LlmBackendConfig, client: LlmStageClient
-    ) -> None:
+    def __init__(self, config: StageConfig, backend: LlmBackendConfig, client: LlmClient) -> None:
         self.config = config
         self.backend = backend
         self.client = client
-        self._started: StageRecord | None = None
 
     @property
     def name(self) -> str:
         return self.config.name
+
+    @property
+    def route_name(self) -> str:
+        return self.backend.route_name
 
     @property
     def sampling(self) -> SamplingSpec:
@@ -78,8 +81,7 @@ class LlmStage:
         return self.client.max_num_seqs
 
     async def start(self) -> StageRecord:
-        self._started = await self.client.start()
-        return self._started
+        return await self.client.start()
 
     async def cancel(self, key: RequestKey) -> None:
         """Abort ``key``'s request inside the engine (nothing when it is not in flight)."""
@@ -89,12 +91,8 @@ class LlmStage:
         await self.client.close()
 
     def record(self) -> dict[str, Any]:
-        """The stage's entry of ``execution_plan`` (live for a vLLM worker)."""
-        if isinstance(self.client, VllmStageClient):
-            return self.client.record().to_json()
-        if self._started is None:
-            return {"stage": self.name, "backend": self.backend.name, "started": False}
-        return self._started.to_json()
+        """The stage's entry of ``execution_plan``, as it is now."""
+        return self.client.record().to_json()
 
 
 #: A started stage of either kind.

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Final
 
+from runtime.contracts.process import GENERATION_VARIABLE
 from runtime.errors import ConfigError
 from runtime.host.wslpaths import OS_DOMAINS, current_os_domain
 from runtime.paths import data_dir
@@ -50,9 +51,6 @@ APP_NAME: Final = "omni-edge-studio"
 BUILTIN_WORKERS: Final[Mapping[str, str]] = MappingProxyType(
     {"ort": "workers.ort_worker", "vllm": "workers.vllm_worker"}
 )
-
-#: The variable through which a worker learns its generation (it echoes it in the handshake).
-GENERATION_VARIABLE: Final = "OMNI_EDGE_WORKER_GENERATION"
 
 #: Variables copied from the controller's environment when set, with the reason for each.
 INHERITED_VARIABLES: Final[Mapping[str, str]] = MappingProxyType(

@@ -1,5 +1,7 @@
 """Worker transport: framed stdio channels and shared-memory buffers with acknowledgements."""
 
+from runtime.wire import descriptor_dtype, numpy_dtype
+
 from .channel import (
     DEFAULT_SHM_THRESHOLD,
     ChannelClosed,
@@ -7,9 +9,7 @@ from .channel import (
     FramedChannel,
     ProtocolError,
     claim_worker_stdio,
-    descriptor_dtype,
     frame_acks,
-    numpy_dtype,
     start_log_pump,
     start_reader_thread,
 )

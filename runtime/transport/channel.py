@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn, TypeVar, cast
 
 import numpy as np
 
-from runtime.contracts.buffers import BufferDescriptor, DescriptorError, DType
+from runtime.contracts.buffers import BufferDescriptor, DescriptorError
 from runtime.contracts.codec import Frame, FrameDecoder, FrameError, FrameLimits, encode_frame_parts
 from runtime.contracts.messages import AckMessage, Message, MessageError, decode_message
 from runtime.errors import ExecutionError
+from runtime.wire import descriptor_dtype, numpy_dtype
 
 from .arena import ArenaReader, ArenaSlot, ShmArena
 from .shm import ShmConsumer, ShmError, ShmProducer, shm_supported, validate_prefix
@@ -46,9 +47,6 @@ DEFAULT_SHM_THRESHOLD = 256 << 10
 ARENA_THRESHOLD = 16 << 10
 #: Largest single read from the pipe; the decoder never asks for more than the step needs.
 READ_CHUNK = 1 << 20
-
-_WIRE_DTYPES: dict[DType, np.dtype[Any]] = {d: np.dtype(d.value).newbyteorder("<") for d in DType}
-_NATIVE_DTYPES: dict[np.dtype[Any], DType] = {np.dtype(d.value): d for d in DType}
 
 
 class ChannelClosed(ExecutionError):
@@ -79,24 +77,6 @@ class ProtocolError(ExecutionError):
         self.detail = message
         self.code = code
         self.channel = channel
-
-
-def descriptor_dtype(dtype: npt.DTypeLike) -> DType:
-    """The wire dtype of a NumPy dtype (either byte order); refuses every other type."""
-    native = np.dtype(dtype).newbyteorder("=")
-    found = _NATIVE_DTYPES.get(native)
-    if found is None:
-        raise DescriptorError(
-            "bad_dtype",
-            f"dtype {np.dtype(dtype)} cannot cross a process boundary; "
-            f"accepted: {', '.join(d.value for d in DType)}",
-        )
-    return found
-
-
-def numpy_dtype(dtype: DType) -> np.dtype[Any]:
-    """The NumPy dtype of a wire dtype, in wire (little-endian) byte order."""
-    return _WIRE_DTYPES[dtype]
 
 
 def _wire_array(name: str, value: object) -> np.ndarray[Any, Any]:

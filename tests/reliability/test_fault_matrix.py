@@ -40,7 +40,7 @@ from runtime.audio import (
     open_stream_count,
     rescan_output_devices,
 )
-from runtime.backends.graph import GraphTimeouts, StageRetired
+from runtime.backends.graph import GraphTimeouts
 from runtime.contracts import RequestKey
 from runtime.contracts.messages import AckMessage
 from runtime.devices import load_topology
@@ -49,6 +49,7 @@ from runtime.errors import (
     AdmissionRefused,
     PlacementRefused,
     RequestCancelled,
+    StageRetired,
     VerificationError,
     WorkerDied,
 )

@@ -463,7 +463,7 @@ def test_bad_interpreter(files: Path, value: str, fragment: str) -> None:
 @pytest.mark.parametrize(
     ("value", "fragment"),
     [
-        ("onnx", "unknown worker 'onnx'; expected a built-in worker (ort)"),
+        ("onnx", "unknown worker 'onnx'; expected a built-in worker (ort, inprocess)"),
         ("workers/missing.py", "does not exist"),
         ("bundle/manifest.json", "is not a .py file"),
     ],

@@ -40,12 +40,12 @@ from tests.workers.support import (
     loop_reference,
 )
 from workers import ort_session, ort_worker
+from workers.ort_session import PROFILE_PREFIX
 from workers.ort_worker import (
     EXIT_LOAD_FAILED,
     EXIT_OK,
     EXIT_PROTOCOL,
     EXIT_USAGE,
-    PROFILE_PREFIX,
     GraphWorker,
 )
 

@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
+from runtime.backends.base import Delta
 from runtime.backends.remote_llm import (
     BACKEND_NAME,
     END_OF_EVENT,
@@ -39,13 +40,13 @@ from runtime.backends.remote_llm import (
     parse_completion_event,
     parse_sse_line,
 )
-from runtime.backends.vllm_client import Delta, StageRetired
 from runtime.contracts import RequestKey
 from runtime.contracts.llm_messages import SamplingSpec
 from runtime.errors import (
     ConfigError,
     RequestCancelled,
     ResourceUnavailable,
+    StageRetired,
     UsageError,
     WorkerDied,
 )

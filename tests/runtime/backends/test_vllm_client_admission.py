@@ -16,7 +16,6 @@ import pytest
 
 from runtime.backends import vllm_client
 from runtime.backends.vllm_client import (
-    StageRetired,
     VllmRoute,
     VllmStageClient,
     VllmStageSpec,
@@ -26,7 +25,7 @@ from runtime.backends.vllm_client import (
 )
 from runtime.contracts import RequestKey
 from runtime.contracts.llm_messages import EngineArgs, SamplingSpec
-from runtime.errors import AdmissionRefused, ConfigError
+from runtime.errors import AdmissionRefused, ConfigError, StageRetired
 from runtime.host import RouteError
 from runtime.ledger import ResourceLedger
 
@@ -133,7 +132,7 @@ def test_requests_before_start_are_refused(model_dir: Path) -> None:
     asyncio.run(scenario())
     assert client.max_num_seqs == 8
     assert ledger.snapshot().is_empty
-    assert client.record().detail["reservation"] is None
+    assert client.record().to_json()["reservation"] is None
 
 
 def test_engine_floor_counts_weights_and_kv_cache(model_dir: Path) -> None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 if __package__ in (None, ""):
     sys.path[0] = str(Path(__file__).resolve().parents[3])
 
+import workers.ort_session as ort_session
 import workers.ort_worker as ort_worker
 from workers.ort_session import CPU_PROVIDER, PlacementCounts, placement_of
 
@@ -35,7 +36,7 @@ def reported_placement(source: InferenceSession | str | Path) -> PlacementCounts
     return PlacementCounts(MappingProxyType(counts), measured.total, measured.method)
 
 
-ort_worker.placement_of = reported_placement  # type: ignore[attr-defined]
+ort_session.placement_of = reported_placement
 
 if __name__ == "__main__":
     sys.exit(ort_worker.main())

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from runtime.api import Omni
-from runtime.backends.graph import GraphTimeouts, StageRetired
+from runtime.backends.graph import GraphTimeouts
 from runtime.engine.outputs import OmniRequestOutput
-from runtime.errors import RequestCancelled
+from runtime.errors import RequestCancelled, StageRetired
 from runtime.events import EventBus, WorkerRetired
 from runtime.ledger import ResourceLedger
 from tests.runtime.engine.support import (

@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 
 from runtime.api import Omni
-from runtime.backends.graph import GraphTimeouts, StageRetired
+from runtime.backends.graph import GraphTimeouts
 from runtime.backends.placement import BELOW_MIN_FRACTION, OUTSIDE_ALLOWED, PlacementViolation
 from runtime.devices import load_topology
 from runtime.engine.stage_runtime import StageStartError
@@ -28,6 +28,7 @@ from runtime.errors import (
     ExecutionError,
     ModelError,
     PlacementRefused,
+    StageRetired,
     WorkerDied,
 )
 from runtime.events import Event, EventBus, StageStarting

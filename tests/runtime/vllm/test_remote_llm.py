@@ -39,11 +39,11 @@ from runtime.backends.remote_llm import (
     RemoteModelNotServed,
     completion_body,
 )
-from runtime.backends.vllm_client import StageRetired, tree_shm_paths
+from runtime.backends.vllm_client import tree_shm_paths
 from runtime.contracts import RequestKey
 from runtime.contracts.llm_messages import SamplingSpec
 from runtime.envs import EnvInfo
-from runtime.errors import RequestCancelled, WorkerDied
+from runtime.errors import RequestCancelled, StageRetired, WorkerDied
 from runtime.host import set_child_subreaper, wait_processes_gone
 from tests.runtime.vllm.support import ENGINE_ARGS, START_TIMEOUT_S, offline_env
 from workers.vllm_worker import OFFLINE_ENVIRONMENT

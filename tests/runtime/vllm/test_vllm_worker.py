@@ -16,11 +16,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from runtime.backends.vllm_client import StageRetired, VllmStageClient
+from runtime.backends.vllm_client import VllmStageClient
 from runtime.contracts import RequestKey
 from runtime.contracts.llm_messages import SamplingSpec
 from runtime.envs import EnvInfo, create_env
-from runtime.errors import RequestCancelled, ResourceUnavailable, WorkerDied
+from runtime.errors import RequestCancelled, ResourceUnavailable, StageRetired, WorkerDied
 from runtime.ledger import ResourceLedger
 from tests.runtime.vllm.support import (
     ENGINE_ARGS,

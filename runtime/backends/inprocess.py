@@ -1,0 +1,388 @@
+"""A graph stage run by ONNX Runtime in the controller's own process (``worker: inprocess``).
+
+For tests and for stages a user trusts: the bundle, the session and every call live in this
+process, so a crash of ONNX Runtime or a graph that never ends takes the controller with
+it, and nothing keeps the stage's memory apart. In return a call costs no pipe, no shared
+memory and no process start.
+
+It keeps the graph client's contract (:class:`~runtime.backends.base.GraphClient`): the
+bundle is verified here and again on the bytes the session loads, calls are checked
+against the fixed buckets and ``max_io_bytes``, one call and one retained result occupy the
+slot until acknowledged, and cancelling fences the request at once. Cancelling an active
+call asks ONNX Runtime to stop between nodes (``RunOptions.terminate``) and retires the
+stage, which then raises :class:`~runtime.errors.StageRetired` until the pipeline is
+recreated; its reservation is released once the call has stopped, or quarantined while it
+runs on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Final
+
+import numpy as np
+
+from runtime.artifacts import load_example_inputs
+from runtime.backends.base import (
+    CallResult,
+    StageRecord,
+    WorkerRecord,
+    check_usable,
+    reservation_record,
+)
+from runtime.backends.graph import BACKEND_NAME, GraphStageDetail, GraphTimeouts, worker_error
+from runtime.backends.placement import PlacementReport, gate_placement
+from runtime.errors import (
+    ModelError,
+    RequestCancelled,
+    ResourceUnavailable,
+    StageRetired,
+    UsageError,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from runtime.backends.graph import GraphStageSpec
+    from runtime.contracts import RequestKey
+    from runtime.contracts.messages import TensorSpec
+    from runtime.errors import OmniError
+    from runtime.events import EventBus
+    from runtime.ledger import ResourceLedger, StageReservation
+    from workers.ort_session import Bucket, CallOutcome, CancellableRunner
+
+__all__ = ["INPROCESS_WORKER", "InProcessGraphClient"]
+
+log = logging.getLogger("omni.backends.inprocess")
+
+#: The route ``worker`` that runs a graph stage in the controller's process.
+INPROCESS_WORKER: Final = "inprocess"
+
+
+class InProcessGraphClient:
+    """The engine's client for one ``external.graph.v1`` stage run in this process."""
+
+    def __init__(
+        self,
+        spec: GraphStageSpec,
+        *,
+        ledger: ResourceLedger,
+        reservation: StageReservation,
+        generation: int,
+        events: EventBus | None = None,
+        timeouts: GraphTimeouts | None = None,
+    ) -> None:
+        self.spec = spec
+        self.route = spec.route
+        self.bundle = spec.bundle
+        self.generation = generation
+        self.timeouts = timeouts or GraphTimeouts()
+        self._name = spec.name
+        self._ledger = ledger
+        self._reservation: StageReservation | None = reservation
+        # Accepted for a uniform constructor: no worker, so no WorkerRetired to publish.
+        self._events = events
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._buckets: tuple[Bucket, ...] = ()
+        #: Seconds to load and to warm up, once started.
+        self._load_s: float | None = None
+        self._warmup_s: float | None = None
+        self._runner: CancellableRunner | None = None
+        self._placement: PlacementReport | None = None
+        self._failure: OmniError | None = None
+        self._closed = False
+        self._slot: RequestKey | None = None
+        self._running: asyncio.Future[CallOutcome] | None = None
+        self._retained: Mapping[str, np.ndarray] | None = None
+        self._retire_task: asyncio.Task[None] | None = None
+        #: The reservation quarantined while a cancelled call runs on past its deadline.
+        self._quarantined: str | None = None
+
+    # -- state -----------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def usable(self) -> bool:
+        return self._failure is None and not self._closed and self._runner is not None
+
+    @property
+    def failure(self) -> OmniError | None:
+        return self._failure
+
+    @property
+    def pid(self) -> int:
+        """This process: the stage has no worker of its own."""
+        return os.getpid()
+
+    @property
+    def buckets(self) -> tuple[Bucket, ...]:
+        return self._buckets
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        return self.buckets[0].inputs if self.buckets else ()
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        return self.buckets[0].outputs if self.buckets else ()
+
+    @property
+    def slot(self) -> RequestKey | None:
+        """The request holding this stage's slot (in flight or retained), if any."""
+        return self._slot
+
+    def example_inputs(self) -> dict[str, np.ndarray]:
+        return load_example_inputs(self.bundle)
+
+    # -- start -----------------------------------------------------------------------
+
+    async def start(self) -> StageRecord:
+        """Verify and load the bundle, warm up every bucket and pass the placement gate."""
+        # Imported here: only a pipeline with an in-process stage loads ONNX Runtime here.
+        from workers.errors import WorkerError
+        from workers.ort_session import CancellableRunner, open_graph
+
+        if self._loop is not None:
+            raise UsageError(f"{self.name}: start() was already called")
+        self._loop = asyncio.get_running_loop()
+        route = self.route
+        target = route.target_provider
+        providers = (target, *(p for p in route.allowed_providers if p != target))
+        threads = self.spec.threads
+        try:
+            opened = await self._loop.run_in_executor(
+                None,
+                lambda: open_graph(
+                    self.bundle.manifest_path,
+                    self.bundle.identity,
+                    providers,
+                    route.allowed_providers,
+                    target,
+                    max_io_bytes=route.max_io_bytes,
+                    intra_op_threads=0 if threads is None else threads.intra_op_threads,
+                    allow_spinning=True if threads is None else threads.allow_spinning,
+                ),
+            )
+        except WorkerError as exc:
+            raise worker_error(
+                self.name,
+                exc.code,
+                exc.message,
+                cpu_allowed="CPUExecutionProvider" in route.allowed_providers,
+            ) from None
+        report = PlacementReport(
+            counts=dict(opened.placement.counts),
+            total_nodes=opened.placement.total,
+            method=opened.placement.method,
+            target_provider=target,
+        )
+        self._placement = report
+        gate_placement(
+            report,
+            allowed_providers=route.allowed_providers,
+            target_provider=target,
+            min_fraction_on_target=route.min_fraction_on_target,
+            stage=self.name,
+        )
+        self._buckets = opened.buckets
+        self._load_s, self._warmup_s = opened.load_s, opened.warmup_s
+        # The runner holds the session; dropping it at retirement frees the model's memory.
+        self._runner = CancellableRunner(opened.session, name=f"{self.name}-call")
+        return self.record()
+
+    def record(self) -> StageRecord:
+        """This stage's entry of ``execution_plan`` (labelled B: backend execution)."""
+        threads = self.spec.threads
+        detail = GraphStageDetail(
+            spec=self.spec,
+            worker=WorkerRecord(pid=os.getpid(), generation=self.generation, in_process=True),
+            reservation=reservation_record(self._reservation),
+            placement=self._placement,
+            inputs=self.inputs,
+            outputs=self.outputs,
+            load_s=self._load_s,
+            warmup_s=self._warmup_s,
+            # The controller's memory, not the stage's: nothing separates the two.
+            worker_rss_bytes=None,
+            applied_intra_op_threads=None if threads is None else threads.intra_op_threads,
+            applied_allow_spinning=None if threads is None else threads.allow_spinning,
+            arenas=None,
+            usable=self.usable,
+            failure=None if self._failure is None else str(self._failure),
+        )
+        return StageRecord(stage=self.name, backend=BACKEND_NAME, detail=detail)
+
+    # -- calls -----------------------------------------------------------------------
+
+    async def call(
+        self,
+        key: RequestKey,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        on_sent: Callable[[], None] | None = None,
+    ) -> CallResult:
+        """One call. The inputs are copied once (as into a worker's buffers) before
+        ``on_sent`` runs; the result's arrays are read-only and this stage's own, valid until
+        :meth:`acknowledge` (or :meth:`cancel`) frees the slot."""
+        from workers.errors import WorkerError
+        from workers.ort_session import check_call_inputs
+
+        check_usable(self.name, self._failure, running=self.usable)
+        if self._slot is not None:
+            raise ResourceUnavailable(
+                f"{self.name} is busy with {self._slot.request_id}: one call and one retained "
+                "result at a time; acknowledge or cancel it first"
+            )
+        runner, loop = self._runner, self._loop
+        assert runner is not None
+        assert loop is not None
+        arrays = {str(name): np.array(value, copy=True) for name, value in inputs.items()}
+        try:
+            check_call_inputs(arrays, self.buckets, self.route.max_io_bytes)
+        except WorkerError as refused:
+            raise ModelError(f"{self.name}: {refused.code}: {refused.message}") from None
+        bytes_in = sum(int(array.nbytes) for array in arrays.values())
+        future: asyncio.Future[CallOutcome] = loop.create_future()
+
+        def done(outcome: CallOutcome) -> None:
+            # On the call's thread; a loop closed meanwhile has nobody left to tell.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._on_done, future, outcome)
+
+        self._slot = key
+        self._running = future
+        started = time.perf_counter()
+        try:
+            runner.submit(arrays, on_done=done)
+            del arrays
+            if on_sent is not None:
+                on_sent()
+            outcome = await future
+        except BaseException:
+            # cancel() and close() free the slot themselves; here the caller stopped waiting.
+            if self._running is future:
+                self._running = None
+                self._slot = None
+                if future.cancelled() or not future.done():
+                    # The call still runs and nobody takes its result: stop it as cancel() would
+                    # (a task cancelled while it waited cancelled the future with it).
+                    self._retire_after_cancel()
+            raise
+        if self._running is future:
+            self._running = None
+        if outcome.error is not None or outcome.outputs is None:
+            if self._slot == key:
+                self._slot = None
+            error = outcome.error
+            code, text = (
+                ("model_error", "no outputs") if error is None else (error.code, error.message)
+            )
+            if code == "cancelled":
+                raise RequestCancelled(f"{self.name}: call cancelled")
+            raise ModelError(f"{self.name}: {code}: {text}")
+        outputs = dict(outcome.outputs)
+        for array in outputs.values():
+            array.flags.writeable = False
+        retained = MappingProxyType(outputs)
+        if self._slot == key:
+            self._retained = retained
+        return CallResult(
+            key=key,
+            outputs=retained,
+            run_s=outcome.elapsed_s,
+            round_trip_s=time.perf_counter() - started,
+            bytes_in=bytes_in,
+            bytes_out=sum(int(array.nbytes) for array in outputs.values()),
+            copied_bytes=bytes_in,
+        )
+
+    def _on_done(self, future: asyncio.Future[CallOutcome], outcome: CallOutcome) -> None:
+        """On the loop: a call ended (a cancelled one's outcome is dropped)."""
+        if not future.done():
+            future.set_result(outcome)
+        if self._quarantined is not None:
+            reservation_id, self._quarantined = self._quarantined, None
+            self._ledger.resolve_quarantine(reservation_id)
+            log.info("%s: the cancelled in-process call ended; reservation released", self.name)
+
+    def acknowledge(self, key: RequestKey) -> bool:
+        """Free the slot of ``key``'s retained result; its arrays are no longer this stage's."""
+        if self._slot is None or self._slot != key or self._running is not None:
+            return False
+        self._slot = None
+        self._retained = None
+        return True
+
+    async def cancel(self, key: RequestKey) -> None:
+        if self._slot is None or self._slot.request_id != key.request_id:
+            return
+        running = self._running
+        self._slot = None
+        self._retained = None
+        if running is None or running.done():
+            # The call had ended (its result not yet taken): the slot is free, the stage kept.
+            self._running = None
+            return
+        # An active call: fence it now, ask ONNX Runtime to stop between nodes, retire.
+        self._running = None
+        running.set_exception(RequestCancelled(f"{self.name}: call cancelled"))
+        self._retire_after_cancel()
+        await self._retire()
+
+    def _retire_after_cancel(self) -> None:
+        if self._failure is None:
+            self._failure = StageRetired(f"{self.name}: retired after an active call was cancelled")
+        if self._retire_task is None and self._loop is not None:
+            self._retire_task = self._loop.create_task(self._retire_once())
+
+    # -- retirement ------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Stop a running call and settle the stage's reservation. Idempotent."""
+        self._closed = True
+        running, self._running = self._running, None
+        self._slot = None
+        self._retained = None
+        if running is not None and not running.done():
+            running.set_exception(StageRetired(f"{self.name} was closed"))
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        await self._retire()
+
+    async def _retire(self) -> None:
+        if self._retire_task is None:
+            assert self._loop is not None
+            self._retire_task = self._loop.create_task(self._retire_once())
+        await asyncio.shield(self._retire_task)
+
+    async def _retire_once(self) -> None:
+        runner = self._runner
+        stopped = True
+        if runner is not None:
+            runner.cancel()
+            deadline = self.timeouts.cancel_retire_s
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, runner.close, deadline)
+            stopped = not runner.busy
+            self._runner = None
+        reservation, self._reservation = self._reservation, None
+        if reservation is None:
+            return
+        if stopped:
+            self._ledger.release(reservation.id)
+            return
+        why = (
+            f"an in-process call of {self.name} was still running "
+            f"{self.timeouts.cancel_retire_s} s after it was told to stop"
+        )
+        log.warning("%s", why)
+        self._ledger.quarantine(reservation.id, why)
+        self._quarantined = reservation.id

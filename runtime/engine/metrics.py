@@ -1,0 +1,116 @@
+"""What a request measured, as frozen values: one :class:`StageCallMetrics` per stage call.
+
+The engine records these as it runs; ``Omni.metrics()``, the outputs' ``metrics`` and the
+benchmarks read their JSON (:meth:`StageCallMetrics.to_json`), whose keys stay as they were.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["GenerationMetrics", "RequestMetrics", "StageCallMetrics", "StageTotals"]
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationMetrics:
+    """What a language-model call adds: tokens, how it ended, when its text began and ended.
+
+    ``started_at`` and ``finished_at`` are ``time.perf_counter()`` instants: when the request
+    entered the engine and when it finished.
+    """
+
+    tokens: int
+    finish_reason: str | None
+    time_to_first_token_s: float | None
+    started_at: float
+    finished_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class StageCallMetrics:
+    """One stage call of a request.
+
+    ``queue_s`` is the wait before the call (from submission for a request's first call),
+    ``transfer_s`` the time outside the model. ``copied_bytes`` (graph calls) counts the
+    tensor bytes copied on both sides of the pipe; ``generation`` is set for a language model.
+    """
+
+    stage: str
+    queue_s: float
+    run_s: float
+    transfer_s: float
+    bytes_in: int
+    bytes_out: int
+    copied_bytes: int | None = None
+    generation: GenerationMetrics | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        document: dict[str, Any] = {
+            "stage": self.stage,
+            "queue_s": self.queue_s,
+            "run_s": self.run_s,
+            "transfer_s": self.transfer_s,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+        }
+        if self.copied_bytes is not None:
+            document["copied_bytes"] = self.copied_bytes
+        generation = self.generation
+        if generation is not None:
+            document.update(
+                tokens=generation.tokens,
+                finish_reason=generation.finish_reason,
+                time_to_first_token_s=generation.time_to_first_token_s,
+                started_at=generation.started_at,
+                finished_at=generation.finished_at,
+            )
+        return document
+
+
+@dataclass(frozen=True, slots=True)
+class RequestMetrics:
+    """A finished request: how it ended and its stage calls, in order."""
+
+    request_id: str
+    status: str
+    stages: tuple[StageCallMetrics, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "status": self.status,
+            "stages": [call.to_json() for call in self.stages],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StageTotals:
+    """One stage's calls over many requests, summed."""
+
+    calls: int = 0
+    queue_s: float = 0.0
+    run_s: float = 0.0
+    transfer_s: float = 0.0
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+    def plus(self, call: StageCallMetrics) -> StageTotals:
+        return StageTotals(
+            calls=self.calls + 1,
+            queue_s=self.queue_s + call.queue_s,
+            run_s=self.run_s + call.run_s,
+            transfer_s=self.transfer_s + call.transfer_s,
+            bytes_in=self.bytes_in + call.bytes_in,
+            bytes_out=self.bytes_out + call.bytes_out,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "calls": self.calls,
+            "queue_s": self.queue_s,
+            "run_s": self.run_s,
+            "transfer_s": self.transfer_s,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+        }
