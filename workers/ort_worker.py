@@ -67,11 +67,11 @@ from runtime.transport.channel import (
     ChannelClosed,
     FramedChannel,
     ProtocolError,
-    claim_worker_stdio,
     frame_acks,
 )
 from runtime.transport.handshake import send_hello
 from runtime.transport.shm import ShmError, sweep_segments
+from runtime.transport.stdio import claim_worker_stdio
 from workers.errors import WorkerError
 from workers.ort_session import (
     ORT_ERRORS,

@@ -70,9 +70,9 @@ from runtime.transport.channel import (
     ChannelClosed,
     FramedChannel,
     ProtocolError,
-    claim_worker_stdio,
 )
 from runtime.transport.handshake import send_hello
+from runtime.transport.stdio import claim_worker_stdio
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence

@@ -30,10 +30,9 @@ from runtime.transport.channel import (
     ChannelClosed,
     FramedChannel,
     ProtocolError,
-    loop_reading_supported,
-    start_reader_thread,
 )
 from runtime.transport.handshake import expect_hello
+from runtime.transport.stdio import loop_reading_supported, start_reader_thread
 
 if TYPE_CHECKING:
     import threading

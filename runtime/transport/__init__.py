@@ -8,10 +8,7 @@ from .channel import (
     ChannelTimeout,
     FramedChannel,
     ProtocolError,
-    claim_worker_stdio,
     frame_acks,
-    start_log_pump,
-    start_reader_thread,
 )
 from .handshake import HandshakeError, expect_hello, send_hello
 from .shm import (
@@ -27,6 +24,7 @@ from .shm import (
     shm_supported,
     sweep_segments,
 )
+from .stdio import claim_worker_stdio, start_log_pump, start_reader_thread
 
 __all__ = [
     "DEFAULT_MAX_BUFFERS",

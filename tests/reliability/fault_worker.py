@@ -32,7 +32,8 @@ if __package__ in (None, ""):
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from runtime.contracts.codec import MAGIC
-from runtime.transport.channel import FramedChannel, claim_worker_stdio
+from runtime.transport.channel import FramedChannel
+from runtime.transport.stdio import claim_worker_stdio
 from tests.runtime.engine.misbehaving_worker import _until_first_call
 from workers import ort_worker
 

@@ -23,9 +23,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from runtime.artifacts import create_bundle
 from runtime.contracts.messages import WORKER_TO_CONTROLLER, AckMessage, LoadMessage
-from runtime.transport.channel import FramedChannel, start_log_pump
+from runtime.transport.channel import FramedChannel
 from runtime.transport.handshake import expect_hello
 from runtime.transport.shm import new_prefix
+from runtime.transport.stdio import start_log_pump
 from tests.helpers.onnx_graphs import IR_VERSION, OPSET
 
 if TYPE_CHECKING:

@@ -35,8 +35,9 @@ from runtime.contracts.messages import (
     ReadyMessage,
     ResultMessage,
 )
-from runtime.transport.channel import FramedChannel, claim_worker_stdio
+from runtime.transport.channel import FramedChannel
 from runtime.transport.handshake import send_hello
+from runtime.transport.stdio import claim_worker_stdio
 from workers.ort_worker import GraphWorker
 
 MODES = ("garbage-hello", "garbage-result", "wrong-epoch", "stubborn")

@@ -16,8 +16,9 @@ from typing import Any
 import psutil
 import pytest
 
-from runtime.transport.channel import FramedChannel, start_log_pump
+from runtime.transport.channel import FramedChannel
 from runtime.transport.shm import SHM_DIR, process_retained
+from runtime.transport.stdio import start_log_pump
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 ECHO_WORKER = Path(__file__).with_name("echo_worker.py")

@@ -22,8 +22,9 @@ from runtime.contracts.messages import (
     ResultMessage,
     ShutdownMessage,
 )
-from runtime.transport.channel import ChannelClosed, FramedChannel, claim_worker_stdio
+from runtime.transport.channel import ChannelClosed, FramedChannel
 from runtime.transport.handshake import send_hello
+from runtime.transport.stdio import claim_worker_stdio
 
 
 def main(argv: list[str]) -> int:

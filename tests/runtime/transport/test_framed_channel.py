@@ -32,10 +32,10 @@ from runtime.transport.channel import (
     descriptor_dtype,
     frame_acks,
     numpy_dtype,
-    start_reader_thread,
 )
 from runtime.transport.handshake import expect_hello
 from runtime.transport.shm import SHM_DIR, ShmLimitExceeded
+from runtime.transport.stdio import start_reader_thread
 
 Pair = Callable[..., tuple[FramedChannel, FramedChannel]]
 SHAPES: list[tuple[int, ...]] = [(), (0,), (0, 3), (7,), (3, 4, 5)]
