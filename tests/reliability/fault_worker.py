@@ -35,7 +35,7 @@ from runtime.contracts.codec import MAGIC
 from runtime.transport.channel import FramedChannel
 from runtime.transport.stdio import claim_worker_stdio
 from tests.runtime.engine.misbehaving_worker import _until_first_call
-from workers import ort_worker
+from workers import ort_session, ort_worker
 
 FAULTS = (
     "pause-load",
@@ -138,9 +138,9 @@ def main() -> int:
     if fault in ("oversize-result", "malformed-result"):
         return _bad_result(fault)
     if fault == "pause-load":
-        ort_worker.load_verified_graph = _pause_in_load  # type: ignore[assignment]
+        ort_session.load_verified_graph = _pause_in_load  # type: ignore[assignment]
     elif fault == "pause-warmup":
-        ort_worker.warm_up_buckets = _pause_in_warmup  # type: ignore[assignment]
+        ort_session.warm_up_buckets = _pause_in_warmup  # type: ignore[assignment]
     elif fault == "stdout-noise":
         _install_noise()
     else:
