@@ -95,6 +95,9 @@ HEALTH_INTERVAL_S: Final = 0.5
 #: How long shutdown waits for aborted requests to wind down, in seconds.
 DRAIN_S: Final = 5.0
 WARMUP_PROMPT: Final = "warm up"
+#: A delta with more text characters plus token ids than this is written on its own: below
+#: it, its frame is far under the header limit (at most 16 bytes of JSON per item).
+BATCHED_DELTA_ITEMS: Final = 16_384
 
 
 def _generation() -> int:
@@ -160,6 +163,9 @@ class LlmWorker:
         self._stop: asyncio.Event | None = None
         self._exit_code = EXIT_OK
         self._say_bye = False
+        # Messages sent during one turn of the loop (every running request's delta of an
+        # engine step) go out together in one write, in order.
+        self._outbox: list[Message] = []
 
     # Loading.
 
@@ -229,6 +235,7 @@ class LlmWorker:
         await self._stop.wait()
         health.cancel()
         await self._wind_down()
+        self._flush()
         if self._say_bye:
             with contextlib.suppress(ChannelClosed):
                 self._channel.send_message(ByeMessage())
@@ -368,12 +375,33 @@ class LlmWorker:
     # Sending.
 
     def _send(self, message: Message) -> None:
+        """Queue ``message``; the loop writes what was queued once this turn's callbacks ran.
+
+        A delta too large to be sure it fits a frame is written at once, on its own, so a
+        frame over the limits is refused here (to its request) as before.
+        """
+        if (
+            isinstance(message, DeltaMessage)
+            and len(message.text) + len(message.token_ids) > BATCHED_DELTA_ITEMS
+        ):
+            self._flush()
+            self._write(message)
+            return
+        self._outbox.append(message)
+        if len(self._outbox) == 1:
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        messages, self._outbox = self._outbox, []
+        if messages:
+            self._write(messages[-1], before=messages[:-1])
+
+    def _write(self, message: Message, before: Sequence[Message] = ()) -> None:
         try:
-            self._channel.send_message(message)
+            self._channel.send(message.KIND, message.to_body(), before=before)
         except ChannelClosed:
             # The controller is gone; the reader sees the same and stops the worker.
-            if self._loop is not None:
-                self._finish(EXIT_OK, False)
+            self._finish(EXIT_OK, False)
 
     def _send_error(
         self, key: tuple[str, int] | None, code: str, text: str, *, fatal: bool = False

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Self
 
 from .messages import (
     ByeMessage,
@@ -108,8 +108,20 @@ def _strict_mapping(where: str, wire: object, fields: tuple[str, ...]) -> Mappin
     return wire
 
 
+#: Field names per class: a streamed request encodes and decodes one message per delta.
+_FIELDS: dict[type, tuple[tuple[str, ...], frozenset[str]]] = {}
+
+
+def _fields_of(cls: type) -> tuple[tuple[str, ...], frozenset[str]]:
+    known = _FIELDS.get(cls)
+    if known is None:
+        names = tuple(field.name for field in dataclasses.fields(cls))
+        known = _FIELDS[cls] = (names, frozenset(names))
+    return known
+
+
 def _field_names(cls: type) -> tuple[str, ...]:
-    return tuple(field.name for field in dataclasses.fields(cls))
+    return _fields_of(cls)[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,15 +235,23 @@ class LlmMessage(Message):
 
     def to_body(self) -> dict[str, Any]:
         body: dict[str, Any] = {}
-        for field in dataclasses.fields(self):  # type: ignore[arg-type]
-            value = getattr(self, field.name)
+        for name in _field_names(type(self)):
+            value = getattr(self, name)
             if isinstance(value, EngineArgs | SamplingSpec):
-                body[field.name] = value.to_wire()
+                body[name] = value.to_wire()
             elif isinstance(value, tuple):
-                body[field.name] = list(value)
+                body[name] = list(value)
             else:
-                body[field.name] = value
+                body[name] = value
         return body
+
+    @classmethod
+    def from_body(cls, body: object) -> Self:
+        """Parse and validate a frame body (every field given: the common case is direct)."""
+        if isinstance(body, dict) and body.keys() == _fields_of(cls)[1]:
+            # The constructor validates every value, as the general path does.
+            return cls(**body)
+        return super().from_body(body)
 
 
 def _engine_args(value: object, where: str) -> EngineArgs:
