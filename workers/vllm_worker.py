@@ -72,11 +72,12 @@ from runtime.transport.channel import (
     ProtocolError,
 )
 from runtime.transport.handshake import send_hello
-from runtime.transport.stdio import claim_worker_stdio
+from runtime.transport.stdio import claim_worker_stdio, loop_reading_supported
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
+    from runtime.contracts.codec import Frame
     from runtime.contracts.messages import Message
 
 WORKER_NAME: Final = "vllm"
@@ -229,8 +230,12 @@ class LlmWorker:
         """Answer messages until shutdown, end of input or the engine's death."""
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        reader = threading.Thread(target=self._read_loop, name="vllm-worker-reader", daemon=True)
-        reader.start()
+        if loop_reading_supported(self._channel):
+            # POSIX: the loop watches stdin itself, so a request reaches the engine without a
+            # thread hop.
+            self._channel.start_loop_reader(self._loop, self._on_frame, self._on_input_closed)
+        else:
+            threading.Thread(target=self._read_loop, name="vllm-worker-reader", daemon=True).start()
         health = asyncio.create_task(self._watch_health())
         await self._stop.wait()
         health.cancel()
@@ -241,8 +246,26 @@ class LlmWorker:
                 self._channel.send_message(ByeMessage())
         return self._exit_code
 
+    def _on_frame(self, frame: Frame) -> None:
+        """On the loop: decode one frame from the controller and act on it."""
+        if self._stop is not None and self._stop.is_set():
+            return  # shutting down: nothing more is started
+        try:
+            message = decode_llm_message(frame, CONTROLLER_TO_LLM_WORKER)
+        except MessageError as exc:
+            self._fatal(exc.code, str(exc), EXIT_PROTOCOL)
+            return
+        self._dispatch(message)
+
+    def _on_input_closed(self, error: BaseException | None) -> None:
+        """On the loop: the controller's stream ended (``None``) or broke."""
+        if isinstance(error, ProtocolError):
+            self._fatal(error.code, error.detail, EXIT_PROTOCOL)
+        else:
+            self._finish(EXIT_OK, False)
+
     def _read_loop(self) -> None:
-        """Reader thread: decode each frame and hand it to the loop."""
+        """Reader thread (where the loop cannot watch stdin): decode, then hand to the loop."""
         while True:
             try:
                 frame = self._channel.read_frame()
