@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from .messages import (
     ByeMessage,
@@ -108,20 +108,15 @@ def _strict_mapping(where: str, wire: object, fields: tuple[str, ...]) -> Mappin
     return wire
 
 
-#: Field names per class: a streamed request encodes and decodes one message per delta.
-_FIELDS: dict[type, tuple[tuple[str, ...], frozenset[str]]] = {}
-
-
-def _fields_of(cls: type) -> tuple[tuple[str, ...], frozenset[str]]:
-    known = _FIELDS.get(cls)
-    if known is None:
-        names = tuple(field.name for field in dataclasses.fields(cls))
-        known = _FIELDS[cls] = (names, frozenset(names))
-    return known
+#: Field names per class: a streamed request encodes one message per delta.
+_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 def _field_names(cls: type) -> tuple[str, ...]:
-    return _fields_of(cls)[0]
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(field.name for field in dataclasses.fields(cls))
+    return names
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,14 +239,6 @@ class LlmMessage(Message):
             else:
                 body[name] = value
         return body
-
-    @classmethod
-    def from_body(cls, body: object) -> Self:
-        """Parse and validate a frame body (every field given: the common case is direct)."""
-        if isinstance(body, dict) and body.keys() == _fields_of(cls)[1]:
-            # The constructor validates every value, as the general path does.
-            return cls(**body)
-        return super().from_body(body)
 
 
 def _engine_args(value: object, where: str) -> EngineArgs:
