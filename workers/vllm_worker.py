@@ -72,11 +72,12 @@ from runtime.transport.channel import (
     ProtocolError,
 )
 from runtime.transport.handshake import send_hello
-from runtime.transport.stdio import claim_worker_stdio
+from runtime.transport.stdio import claim_worker_stdio, loop_reading_supported
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
+    from runtime.contracts.codec import Frame
     from runtime.contracts.messages import Message
 
 WORKER_NAME: Final = "vllm"
@@ -95,6 +96,9 @@ HEALTH_INTERVAL_S: Final = 0.5
 #: How long shutdown waits for aborted requests to wind down, in seconds.
 DRAIN_S: Final = 5.0
 WARMUP_PROMPT: Final = "warm up"
+#: A delta with more text characters plus token ids than this is written on its own: below
+#: it, its frame is far under the header limit (at most 16 bytes of JSON per item).
+BATCHED_DELTA_ITEMS: Final = 16_384
 
 
 def _generation() -> int:
@@ -160,6 +164,9 @@ class LlmWorker:
         self._stop: asyncio.Event | None = None
         self._exit_code = EXIT_OK
         self._say_bye = False
+        # Messages sent during one turn of the loop (every running request's delta of an
+        # engine step) go out together in one write, in order.
+        self._outbox: list[Message] = []
 
     # Loading.
 
@@ -223,19 +230,42 @@ class LlmWorker:
         """Answer messages until shutdown, end of input or the engine's death."""
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        reader = threading.Thread(target=self._read_loop, name="vllm-worker-reader", daemon=True)
-        reader.start()
+        if loop_reading_supported(self._channel):
+            # POSIX: the loop watches stdin itself, so a request reaches the engine without a
+            # thread hop.
+            self._channel.start_loop_reader(self._loop, self._on_frame, self._on_input_closed)
+        else:
+            threading.Thread(target=self._read_loop, name="vllm-worker-reader", daemon=True).start()
         health = asyncio.create_task(self._watch_health())
         await self._stop.wait()
         health.cancel()
         await self._wind_down()
+        self._flush()
         if self._say_bye:
             with contextlib.suppress(ChannelClosed):
                 self._channel.send_message(ByeMessage())
         return self._exit_code
 
+    def _on_frame(self, frame: Frame) -> None:
+        """On the loop: decode one frame from the controller and act on it."""
+        if self._stop is not None and self._stop.is_set():
+            return  # shutting down: nothing more is started
+        try:
+            message = decode_llm_message(frame, CONTROLLER_TO_LLM_WORKER)
+        except MessageError as exc:
+            self._fatal(exc.code, str(exc), EXIT_PROTOCOL)
+            return
+        self._dispatch(message)
+
+    def _on_input_closed(self, error: BaseException | None) -> None:
+        """On the loop: the controller's stream ended (``None``) or broke."""
+        if isinstance(error, ProtocolError):
+            self._fatal(error.code, error.detail, EXIT_PROTOCOL)
+        else:
+            self._finish(EXIT_OK, False)
+
     def _read_loop(self) -> None:
-        """Reader thread: decode each frame and hand it to the loop."""
+        """Reader thread (where the loop cannot watch stdin): decode, then hand to the loop."""
         while True:
             try:
                 frame = self._channel.read_frame()
@@ -368,12 +398,33 @@ class LlmWorker:
     # Sending.
 
     def _send(self, message: Message) -> None:
+        """Queue ``message``; the loop writes what was queued once this turn's callbacks ran.
+
+        A delta too large to be sure it fits a frame is written at once, on its own, so a
+        frame over the limits is refused here (to its request) as before.
+        """
+        if (
+            isinstance(message, DeltaMessage)
+            and len(message.text) + len(message.token_ids) > BATCHED_DELTA_ITEMS
+        ):
+            self._flush()
+            self._write(message)
+            return
+        self._outbox.append(message)
+        if len(self._outbox) == 1:
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        messages, self._outbox = self._outbox, []
+        if messages:
+            self._write(messages[-1], before=messages[:-1])
+
+    def _write(self, message: Message, before: Sequence[Message] = ()) -> None:
         try:
-            self._channel.send_message(message)
+            self._channel.send(message.KIND, message.to_body(), before=before)
         except ChannelClosed:
             # The controller is gone; the reader sees the same and stops the worker.
-            if self._loop is not None:
-                self._finish(EXIT_OK, False)
+            self._finish(EXIT_OK, False)
 
     def _send_error(
         self, key: tuple[str, int] | None, code: str, text: str, *, fatal: bool = False

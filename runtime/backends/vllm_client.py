@@ -241,15 +241,33 @@ def tree_processes(root_pid: int) -> list[psutil.Process]:
 class _Request:
     """One in-flight request's state on the controller's loop."""
 
-    __slots__ = ("aborted", "count", "done", "key", "queue", "started")
+    __slots__ = ("_waiter", "aborted", "count", "done", "items", "key", "started")
 
     def __init__(self, key: RequestKey) -> None:
         self.key = key
-        self.queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+        # What the stream has yet to yield; a bare deque and one waiter cost less per delta
+        # than a queue.
+        self.items: deque[Delta | BaseException] = deque()
+        self._waiter: asyncio.Future[None] | None = None
         self.done = asyncio.Event()
         self.aborted = False
         self.started = time.monotonic()
         self.count = 0
+
+    def put(self, item: Delta | BaseException) -> None:
+        self.items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self) -> Delta | BaseException:
+        while not self.items:
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+        return self.items.popleft()
 
 
 class DeltaStream(RequestDeltaStream["VllmStageClient", _Request]):
@@ -262,7 +280,7 @@ class DeltaStream(RequestDeltaStream["VllmStageClient", _Request]):
             raise RequestCancelled(
                 f"{self._client.name}: request {self._request.key.request_id} was aborted"
             )
-        item = await self._request.queue.get()
+        item = await self._request.get()
         if isinstance(item, BaseException):
             self._ended = True
             raise item
@@ -375,19 +393,31 @@ class VllmStageClient(WorkerStageClient[LlmReadyMessage]):
         )
         return StageRecord(stage=self.name, backend=BACKEND_NAME, detail=detail)
 
-    # -- frames from the worker (reader thread -> loop) ----------------------------------
+    # -- frames from the worker ------------------------------------------------------------
+
+    def _decode(self, frame: Frame) -> Message | ProtocolError:
+        try:
+            return decode_llm_message(frame, LLM_WORKER_TO_CONTROLLER)
+        except MessageError as exc:
+            return ProtocolError(str(exc), code=exc.code, channel=self.name)
+
+    def _on_frame_loop(self, frame: Frame) -> None:
+        """On the loop, which watches the pipe itself: each frame is handled where it is read."""
+        message = self._decode(frame)
+        if isinstance(message, ProtocolError):
+            self._fail(message)
+        else:
+            self._on_message(message, time.monotonic())
 
     def _on_frame_thread(self, frame: Frame) -> None:
+        """Reader thread (where the loop cannot watch the pipe): decode, then hop to the loop."""
         loop = self._loop
         assert loop is not None
-        try:
-            message = decode_llm_message(frame, LLM_WORKER_TO_CONTROLLER)
-        except MessageError as exc:
-            error = ProtocolError(str(exc), code=exc.code, channel=self.name)
-            loop.call_soon_threadsafe(self._fail, error)
-            return
-        received = time.monotonic()
-        loop.call_soon_threadsafe(self._on_message, message, received)
+        message = self._decode(frame)
+        if isinstance(message, ProtocolError):
+            loop.call_soon_threadsafe(self._fail, message)
+        else:
+            loop.call_soon_threadsafe(self._on_message, message, time.monotonic())
 
     def _on_message(self, message: Message, received: float) -> None:
         if isinstance(message, DeltaMessage):
@@ -423,11 +453,11 @@ class VllmStageClient(WorkerStageClient[LlmReadyMessage]):
         if message.finished:
             self._end(request)
             if message.finish_reason == "abort":
-                request.queue.put_nowait(
+                request.put(
                     RequestCancelled(f"{self.name}: request {request.key.request_id} was aborted")
                 )
                 return
-        request.queue.put_nowait(
+        request.put(
             Delta(
                 key=request.key,
                 text=message.text,
@@ -464,7 +494,7 @@ class VllmStageClient(WorkerStageClient[LlmReadyMessage]):
             if message.code == "busy"
             else ModelError(f"{self.name}: {message.code}: {message.message}")
         )
-        request.queue.put_nowait(failure)
+        request.put(failure)
 
     def _log_failure(self, error: OmniError) -> None:
         log.warning("%s", error)
@@ -472,7 +502,7 @@ class VllmStageClient(WorkerStageClient[LlmReadyMessage]):
     def _fail_waiting(self, error: OmniError) -> None:
         for request in list(self._requests.values()):
             self._end(request)
-            request.queue.put_nowait(error)
+            request.put(error)
         while self._stats_waiters:
             waiter = self._stats_waiters.popleft()
             if not waiter.done():
@@ -594,7 +624,7 @@ class VllmStageClient(WorkerStageClient[LlmReadyMessage]):
         closed = StageRetired(f"{self.name} was closed")
         for request in list(self._requests.values()):
             self._end(request)
-            request.queue.put_nowait(closed)
+            request.put(closed)
 
 
 async def start_vllm_stage(

@@ -108,8 +108,15 @@ def _strict_mapping(where: str, wire: object, fields: tuple[str, ...]) -> Mappin
     return wire
 
 
+#: Field names per class: a streamed request encodes one message per delta.
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
 def _field_names(cls: type) -> tuple[str, ...]:
-    return tuple(field.name for field in dataclasses.fields(cls))
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(field.name for field in dataclasses.fields(cls))
+    return names
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,14 +230,14 @@ class LlmMessage(Message):
 
     def to_body(self) -> dict[str, Any]:
         body: dict[str, Any] = {}
-        for field in dataclasses.fields(self):  # type: ignore[arg-type]
-            value = getattr(self, field.name)
+        for name in _field_names(type(self)):
+            value = getattr(self, name)
             if isinstance(value, EngineArgs | SamplingSpec):
-                body[field.name] = value.to_wire()
+                body[name] = value.to_wire()
             elif isinstance(value, tuple):
-                body[field.name] = list(value)
+                body[name] = list(value)
             else:
-                body[field.name] = value
+                body[name] = value
         return body
 
 

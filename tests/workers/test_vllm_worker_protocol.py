@@ -17,13 +17,16 @@ from typing import BinaryIO, cast
 import pytest
 
 from runtime.backends.vllm_client import VllmRoute, VllmStageSpec, start_vllm_stage
-from runtime.contracts.codec import encode_frame
+from runtime.contracts import FrameLimits
+from runtime.contracts.codec import FrameDecoder, encode_frame
 from runtime.contracts.llm_messages import (
     LLM_WORKER_TO_CONTROLLER,
+    DeltaMessage,
     EngineArgs,
     GenerateMessage,
     LlmErrorMessage,
     LlmLoadMessage,
+    LlmStatsMessage,
     SamplingSpec,
     decode_llm_message,
 )
@@ -167,3 +170,46 @@ def test_the_client_unwinds_a_failed_load(tmp_path: Path) -> None:
         asyncio.run(start_vllm_stage(spec, ledger=ledger, owner="t"))
     assert ledger.snapshot().is_empty
     assert {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("oe-vllm-")} == before
+
+
+def test_messages_of_one_loop_turn_go_out_together_and_in_order() -> None:
+    read_fd, write_fd = os.pipe()
+    reader = os.fdopen(read_fd, "rb", buffering=0)
+    writer = os.fdopen(write_fd, "wb", buffering=0)
+    sending = FramedChannel(reader, writer, name="worker-side")
+    os.set_blocking(read_fd, False)
+    big = "x" * (vllm_worker.BATCHED_DELTA_ITEMS + 1)
+
+    def pending() -> bytes:
+        try:
+            return os.read(read_fd, 1 << 20)
+        except BlockingIOError:
+            return b""
+
+    async def scenario() -> bytes:
+        worker = vllm_worker.LlmWorker(sending)
+        worker._send(DeltaMessage("a", 0, "one", (1,), False, None))
+        worker._send(DeltaMessage("b", 0, "two", (2,), False, None))
+        worker._send(LlmStatsMessage(1, 1, 1, 2))
+        assert pending() == b""  # queued until the loop's turn ends
+        # A delta too large to batch flushes what was queued, then goes out itself, at once.
+        worker._send(DeltaMessage("a", 0, big, (3,), True, "length"))
+        written = pending()
+        await asyncio.sleep(0)
+        assert pending() == b""
+        worker._send(DeltaMessage("c", 0, "three", (4,), True, "stop"))
+        await asyncio.sleep(0)
+        return written + pending()
+
+    try:
+        data = asyncio.run(scenario())
+        frames = FrameDecoder(FrameLimits()).feed(data)
+        messages = [decode_llm_message(frame, LLM_WORKER_TO_CONTROLLER) for frame in frames]
+    finally:
+        writer.close()
+        reader.close()
+    assert [
+        (m.request_id, m.text[:5], m.token_ids) for m in messages if isinstance(m, DeltaMessage)
+    ] == [("a", "one", (1,)), ("b", "two", (2,)), ("a", "xxxxx", (3,)), ("c", "three", (4,))]
+    assert isinstance(messages[2], LlmStatsMessage)
+    assert messages[2].in_flight == 2
