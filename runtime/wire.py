@@ -38,9 +38,12 @@ _WIRE_DTYPES: dict[DType, np.dtype[Any]] = {d: np.dtype(d.value).newbyteorder("<
 _NATIVE_DTYPES: dict[np.dtype[Any], DType] = {np.dtype(d.value): d for d in DType}
 
 
+_WIRE_DTYPES_BY_VALUE: dict[str, np.dtype[Any]] = {d.value: t for d, t in _WIRE_DTYPES.items()}
+
+
 def numpy_dtype(dtype: DType) -> np.dtype[Any]:
     """The NumPy dtype of a wire dtype, in wire (little-endian) byte order."""
-    return _WIRE_DTYPES[dtype]
+    return _WIRE_DTYPES_BY_VALUE[dtype.value]
 
 
 def descriptor_dtype(dtype: npt.DTypeLike) -> DType:

@@ -723,6 +723,10 @@ def _matching_bucket(arrays: Mapping[str, np.ndarray], buckets: Sequence[Bucket]
     return None
 
 
+#: The NumPy dtype of each wire dtype's name (comparing dtypes costs less than their names).
+_NUMPY_DTYPES: Final = {dtype.value: np.dtype(dtype.value) for dtype in DType}
+
+
 def check_call_inputs(
     arrays: Mapping[str, np.ndarray], bucket: Bucket | Sequence[Bucket], max_io_bytes: int
 ) -> Bucket:
@@ -736,7 +740,7 @@ def check_call_inputs(
         if len(arrays) == len(candidate.inputs) and all(
             (array := arrays.get(spec.name)) is not None
             and array.shape == spec.shape
-            and array.dtype.name == spec.dtype.value
+            and array.dtype == _NUMPY_DTYPES[spec.dtype.value]
             for spec in candidate.inputs
         ):
             total = sum(int(arrays[spec.name].nbytes) for spec in candidate.inputs)

@@ -38,7 +38,8 @@ class DType(enum.Enum):
 
     @property
     def itemsize(self) -> int:
-        return _ITEMSIZE[self]
+        # Keyed by the value: an enum member's own hash is computed in Python on every lookup.
+        return _ITEMSIZE_BY_VALUE[self._value_]
 
     @classmethod
     def parse(cls, value: object) -> DType:
