@@ -181,6 +181,10 @@ class VllmServer:
         Python's resource tracker is spared, as a crash spares it: it unlinks the shared
         memory and semaphores its dead clients registered, then exits by itself.
         """
+        # The process serving HTTP goes first, before the tree is walked: on a busy machine
+        # walking it takes long enough for a fast engine to finish the whole completion.
+        with contextlib.suppress(ProcessLookupError):
+            self.process.kill()
         self.observe()
         for process in self.members.values():
             with contextlib.suppress(psutil.NoSuchProcess):
