@@ -17,7 +17,7 @@ from benchmarks.base import Benchmark, BenchOptions, NotRunnable
 from benchmarks.child import ChildFailed, event, run_child
 from benchmarks.figures import REPORT_ONLY, FigureSpec, Goal
 from benchmarks.stats import rounded
-from runtime.config import load_pipeline
+from runtime.config import GraphBackendConfig, load_pipeline
 from runtime.errors import OmniError
 
 if TYPE_CHECKING:
@@ -80,7 +80,14 @@ def measure_demo(spec: FigureSpec, pipeline: Path, requests: int) -> Figure:
             details[f"{worker['stage']}_children_mib"] = [
                 rounded(child / MiB) for child in children
             ]
-    manifests = [str(stage.backend.manifest) for stage in config.stages]
+    # The one-process baseline holds the graph sessions; a language model has no such form.
+    manifests = [
+        str(stage.backend.manifest)
+        for stage in config.stages
+        if isinstance(stage.backend, GraphBackendConfig)
+    ]
+    if len(manifests) < len(config.stages):
+        details["baseline_without"] = "the language-model stage (vLLM runs only in its worker)"
     baseline = event(
         run_child(
             "benchmarks.one_process",
