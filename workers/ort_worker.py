@@ -178,6 +178,7 @@ class GraphWorker:
             allow_spinning=message.allow_spinning,
             arena_bytes=0 if self._arena is None else self._arena.size,
             max_input_bytes=max(one.input_nbytes for one in buckets),
+            arena_name=None if self._arena is None else self._arena.name,
         )
 
     # Serving.

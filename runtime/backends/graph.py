@@ -218,6 +218,17 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         return self._outputs
 
     @property
+    def arena_names(self) -> frozenset[str]:
+        """The persistent arenas this stage keeps while it runs: its inputs' and its worker's."""
+        names = set()
+        inputs = None if self._channel is None else self._channel.arena(self.name)
+        if inputs is not None:
+            names.add(inputs.name)
+        if self._ready is not None and self._ready.arena_name is not None:
+            names.add(self._ready.arena_name)
+        return frozenset(names)
+
+    @property
     def slot(self) -> RequestKey | None:
         """The request holding this stage's slot (in flight or retained), if any."""
         return self._slot

@@ -399,6 +399,8 @@ class ReadyMessage(Message):
     arena_bytes: int = 0
     #: The inputs of the largest bucket, in bytes (what the controller's arena must hold).
     max_input_bytes: int = 0
+    #: The name of the worker's output arena (None without one).
+    arena_name: str | None = None
 
     def __post_init__(self) -> None:
         kind = self.KIND
@@ -433,6 +435,8 @@ class ReadyMessage(Message):
         _check_bool(kind, "allow_spinning", self.allow_spinning)
         _check_int(kind, "arena_bytes", self.arena_bytes)
         _check_int(kind, "max_input_bytes", self.max_input_bytes)
+        if self.arena_name is not None:
+            _check_str(kind, "arena_name", self.arena_name)
 
 
 @dataclass(frozen=True, slots=True)
