@@ -106,18 +106,13 @@ if sys.platform == "win32":
         return mapping, LENGTH_HEADER.size, size
 
 else:
+    from .shm import _allocate
 
     def _create_mapping(name: str, size: int) -> tuple[mmap.mmap, int]:
         path = SHM_DIR / name
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | _O_NOFOLLOW | _O_CLOEXEC, 0o600)
         try:
-            try:
-                # Allocates the pages now: a full /dev/shm fails here, not with SIGBUS later.
-                os.posix_fallocate(fd, 0, size)
-            except OSError as exc:
-                if exc.errno != getattr(os, "EOPNOTSUPP", 95):
-                    raise
-                os.ftruncate(fd, size)
+            _allocate(fd, size)
             mapping = mmap.mmap(fd, size)
         except BaseException:
             path.unlink(missing_ok=True)

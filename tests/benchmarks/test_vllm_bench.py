@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from benchmarks import vllm_figures
-from benchmarks.base import NotRunnable
 from benchmarks.figures import Status
 from benchmarks.vllm_figures import Run, Side, Timing
+from runtime.envs import EnvInfo
+from tests.runtime.vllm.conftest import tiny_model, vllm_env
 
 
 def _side(ttft_s: float, total_s: float, tokens: int = 8) -> Side:
@@ -51,15 +52,17 @@ def test_figures_compare_the_two_sides_and_say_they_were_interleaved() -> None:
 
 @pytest.mark.vllm
 @pytest.mark.timeout(1200)
-def test_both_engines_take_turns_on_the_same_requests(tmp_path: Path) -> None:
-    try:
-        python, model = vllm_figures._prerequisites()
-    except NotRunnable as exc:
-        pytest.skip(str(exc))
-    run = asyncio.run(vllm_figures._interleaved(python, model, 2, 8, tmp_path))
+def test_both_engines_take_turns_on_the_same_requests(
+    tmp_path: Path, vllm_env: EnvInfo, tiny_model: Path
+) -> None:
+    # The environment and the model come from the vLLM tests' fixtures (made once, reused).
+    run = asyncio.run(vllm_figures._interleaved(vllm_env.python, tiny_model, 2, 8, tmp_path))
     for side in (run.worker, run.direct):
         assert side.ttft.count == 2
         assert side.tokens == 16
         assert all(0 < ttft for ttft in side.ttft.values)
         assert side.load_s > 0
     assert run.version
+
+
+__all__ = ["tiny_model", "vllm_env"]
