@@ -117,6 +117,9 @@ class Omni:
 
     def run(self, inputs: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Run one request to the end and return its final outputs."""
+        direct = self.orchestrator.run_direct(inputs)
+        if direct is not None:
+            return direct
         final: dict[str, np.ndarray] = {}
         for output in self.generate(inputs):
             if output.finished:

@@ -124,6 +124,7 @@ class GraphWorker:
         self._buckets: tuple[Bucket, ...] = ()
         self._max_io_bytes = 0
         self._output_names: tuple[str, ...] = ()
+        self._session_output_names: list[str] = []
         self._lock = threading.Lock()
         self._running: CallMessage | None = None
         self._options: ort.RunOptions | None = None
@@ -154,6 +155,7 @@ class GraphWorker:
         bucket = buckets[0]
         self._session = session
         self._outputs_follow_inputs = outputs_follow_inputs(session)
+        self._session_output_names = [value.name for value in session.get_outputs()]
         self._buckets = buckets
         self._max_io_bytes = message.max_io_bytes
         self._output_names = tuple(spec.name for spec in bucket.outputs)
@@ -413,8 +415,8 @@ class GraphWorker:
         session = self._session
         assert session is not None
         if placed is None:
-            results = session.run(None, inputs, options)
-            names = [value.name for value in session.get_outputs()]
+            names = self._session_output_names
+            results = session.run(names, inputs, options)
             return {name: np.asarray(value) for name, value in zip(names, results, strict=True)}
         binding = session.io_binding()
         for name, array in inputs.items():

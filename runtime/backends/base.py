@@ -200,6 +200,22 @@ class GraphClient(StageClient, Protocol):
         """
         ...
 
+    @property
+    def direct_calls(self) -> bool:
+        """Whether :meth:`call_direct` may be used now."""
+        ...
+
+    def call_direct(
+        self,
+        key: RequestKey,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        on_sent: Callable[[], None] | None = None,
+    ) -> CallResult:
+        """:meth:`call` from a thread other than the loop's, blocking it until the result
+        (only where :attr:`direct_calls` says so)."""
+        ...
+
     def acknowledge(self, key: RequestKey) -> bool:
         """Free the slot held by ``key``'s retained result; a stale key is ignored (False)."""
         ...

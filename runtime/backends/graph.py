@@ -10,6 +10,7 @@ unusable until the pipeline is recreated).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures as cf
 import logging
 import os
 import shutil
@@ -76,6 +77,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("omni.backends.graph")
 
 BACKEND_NAME = "external.graph.v1"
+
+
+@dataclass(frozen=True, slots=True)
+class _SentCall:
+    """A call frame on its way: when it went out, its input bytes and the bytes copied."""
+
+    started: float
+    bytes_in: int
+    copied: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +210,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         self._inputs: tuple[TensorSpec, ...] = ()
         self._outputs: tuple[TensorSpec, ...] = ()
         self._call_id = 0
-        self._pending: dict[int, tuple[RequestKey, asyncio.Future[Any]]] = {}
+        self._pending: dict[int, tuple[RequestKey, asyncio.Future[Any] | cf.Future[Any]]] = {}
         self._slot: RequestKey | None = None
         self._running = False
         # The retained result's shared buffers, acknowledged when its slot is freed.
@@ -505,62 +515,121 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         let go of the arrays it passed. The result's arrays are read-only views over the
         worker's buffers, valid until :meth:`acknowledge` (or :meth:`cancel`) frees the slot.
         """
+        assert self._loop is not None
+        future: asyncio.Future[Any] = self._loop.create_future()
+        assert self._channel is not None
+        sent = self._send_call(key, inputs, future, from_loop=self._channel.loop_reading)
+        try:
+            if on_sent is not None:
+                on_sent()
+            result, arrays = await future
+        except BaseException:
+            self._call_failed(key)
+            raise
+        return self._call_result(key, sent, result, arrays)
+
+    @property
+    def direct_calls(self) -> bool:
+        """Whether :meth:`call_direct` may be used: the loop reads this stage's results."""
+        channel = self._channel
+        return channel is not None and channel.loop_reading
+
+    def call_direct(
+        self,
+        key: RequestKey,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        on_sent: Callable[[], None] | None = None,
+    ) -> CallResult:
+        """:meth:`call` from a thread other than the loop's, blocking it until the result.
+
+        The call frame is written from the calling thread and the loop, which reads the
+        pipe, hands the result straight to it: no loop task runs for the call. Cancelling
+        the request (from any thread) fails the wait with RequestCancelled, as for
+        :meth:`call`; so does the worker's death with its error."""
+        future: cf.Future[Any] = cf.Future()
+        sent = self._send_call(key, inputs, future, from_loop=False)
+        try:
+            if on_sent is not None:
+                on_sent()
+            result, arrays = future.result()
+        except OmniError:
+            self._call_failed(key)
+            raise
+        # Anything else (KeyboardInterrupt) leaves the call running: the caller cancels the
+        # request, which fences the call and retires the worker as for any active call.
+        return self._call_result(key, sent, result, arrays)
+
+    def _send_call(
+        self,
+        key: RequestKey,
+        inputs: Mapping[str, np.ndarray],
+        future: asyncio.Future[Any] | cf.Future[Any],
+        *,
+        from_loop: bool,
+    ) -> _SentCall:
         check_usable(self.name, self._failure, running=self.usable)
         if self._slot is not None:
             raise ResourceUnavailable(
                 f"{self.name} is busy with {self._slot.request_id}: one call and one retained "
                 "result at a time; acknowledge or cancel it first"
             )
-        assert self._loop is not None
         assert self._channel is not None
         self._call_id += 1
         call_id = self._call_id
-        names = tuple(inputs)
         message = CallMessage(
-            call_id=call_id, request_id=key.request_id, epoch=key.epoch, input_names=names
+            call_id=call_id, request_id=key.request_id, epoch=key.epoch, input_names=tuple(inputs)
         )
-        future: asyncio.Future[Any] = self._loop.create_future()
         self._pending[call_id] = (key, future)
         self._slot = key
         self._running = True
         channel = self._channel
-        bytes_in = sum(int(np.asarray(a).nbytes) for a in inputs.values())
+        bytes_in = 0
+        for array in inputs.values():
+            bytes_in += int(np.asarray(array).nbytes)
         started = time.perf_counter()
         try:
-            try:
-                copied = channel.send_message(
-                    message,
-                    dict(inputs),
-                    owner=self.name,
-                    generation=call_id,
-                    from_loop=channel.loop_reading,
-                )
-            except (ExecutionError, DescriptorError) as exc:
-                # The call never reached the worker: nothing will answer it.
-                self._pending.pop(call_id, None)
-                if isinstance(exc, ChannelClosed):
-                    raise self._failure or self._died("stopped reading its input") from None
-                if isinstance(exc, DescriptorError):
-                    raise ModelError(f"{self.name}: bad_input: {exc}") from exc
-                raise
-            if on_sent is not None:
-                on_sent()
-            result, arrays = await future
-        except BaseException:
+            copied = channel.send_message(
+                message, inputs, owner=self.name, generation=call_id, from_loop=from_loop
+            )
+        except (ExecutionError, DescriptorError) as exc:
+            # The call never reached the worker: nothing will answer it.
+            self._pending.pop(call_id, None)
             self._running = False
-            if self._slot == key and (self._failure is not None or not self._pending):
+            if self._slot == key:
                 self._slot = None
-                self._send_acks(self._take_result_acks())
+            if isinstance(exc, ChannelClosed):
+                raise self._failure or self._died("stopped reading its input") from None
+            if isinstance(exc, DescriptorError):
+                raise ModelError(f"{self.name}: bad_input: {exc}") from exc
             raise
+        return _SentCall(started, bytes_in, copied)
+
+    def _call_failed(self, key: RequestKey) -> None:
         self._running = False
+        if self._slot == key and (self._failure is not None or not self._pending):
+            self._slot = None
+            self._send_acks(self._take_result_acks())
+
+    def _call_result(
+        self,
+        key: RequestKey,
+        sent: _SentCall,
+        result: ResultMessage,
+        arrays: dict[str, np.ndarray],
+    ) -> CallResult:
+        self._running = False
+        bytes_out = 0
+        for array in arrays.values():
+            bytes_out += array.nbytes
         return CallResult(
             key=key,
             outputs=arrays,
             run_s=result.run_s,
-            round_trip_s=time.perf_counter() - started,
-            bytes_in=bytes_in,
-            bytes_out=sum(int(a.nbytes) for a in arrays.values()),
-            copied_bytes=copied + result.copied_bytes,
+            round_trip_s=time.perf_counter() - sent.started,
+            bytes_in=sent.bytes_in,
+            bytes_out=bytes_out,
+            copied_bytes=sent.copied + result.copied_bytes,
         )
 
     def _take_result_acks(self) -> list[tuple[str, int]]:

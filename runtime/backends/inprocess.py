@@ -313,6 +313,20 @@ class InProcessGraphClient:
             self._ledger.resolve_quarantine(reservation_id)
             log.info("%s: the cancelled in-process call ended; reservation released", self.name)
 
+    @property
+    def direct_calls(self) -> bool:
+        """Calls run on this stage's own thread and report to the loop: never direct."""
+        return False
+
+    def call_direct(
+        self,
+        key: RequestKey,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        on_sent: Callable[[], None] | None = None,
+    ) -> CallResult:
+        raise UsageError(f"{self.name} runs in this process: its calls go through the loop")
+
     def acknowledge(self, key: RequestKey) -> bool:
         """Free the slot of ``key``'s retained result; its arrays are no longer this stage's."""
         if self._slot is None or self._slot != key or self._running is not None:

@@ -5,10 +5,14 @@ The cores are those this process may run on (its CPU affinity, which a device se
 or the user's ``taskset`` narrows). They are split between the stages that can run at the
 same time: in a pipeline that runs one request at a time, its graph stages run one after
 another, so each may use every core; a pipeline with a language-model stage runs several
-requests at once, so its graph stages and its language model share the cores. ONNX
-Runtime's idle threads spin only where one pool has the cores to itself; where two pools
-(or a pool and a language model) take turns on the same cores, a spinning pool would burn
-the time the other one needs.
+requests at once, so its graph stages and its language model share the cores.
+
+ONNX Runtime's idle threads spin only where a pool has cores to itself: the controller
+takes each result on the same cores the moment a call ends, and a pool that spins on
+every core burns the time it needs (measured on two cores: a 1 ms MatMul through the worker
+took 3.95 ms with spinning pools against 2.34 ms without). A pool that uses every core
+therefore never spins; where two pools (or a pool and a language model) take turns on the
+same cores, none does.
 """
 
 from __future__ import annotations
@@ -55,15 +59,16 @@ def plan_threads(config: PipelineConfig, cores: int | None = None) -> dict[str, 
     graph = [s for s in config.stages if isinstance(s.backend, GraphBackendConfig)]
     language = [s for s in config.stages if isinstance(s.backend, LlmBackendConfig)]
     if not language:
-        # One request at a time: the stages run one after another.
-        alone = len(graph) == 1
+        # One request at a time: the stages run one after another, each on every core, and
+        # the controller takes each result on those same cores: no pool spins.
         reason = (
-            "the only graph stage: every core, spinning allowed"
-            if alone
+            "the only graph stage: every core, no spinning (the controller takes each "
+            "result on the same cores)"
+            if len(graph) == 1
             else f"{len(graph)} graph stages run one after another: every core each, "
-            "no spinning (their pools take turns on the same cores)"
+            "no spinning (their pools and the controller take turns on the same cores)"
         )
-        return {s.name: ThreadPlan(cores, alone, cores, reason) for s in graph}
+        return {s.name: ThreadPlan(cores, False, cores, reason) for s in graph}
     together = len(graph) + len(language)
     share = max(1, cores // together)
     reason = (

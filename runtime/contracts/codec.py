@@ -69,6 +69,8 @@ class FrameError(ValueError):
         assert code in ERROR_CODES, code
         super().__init__(f"{code}: {message}")
         self.code = code
+        #: Whole frames :meth:`FrameDecoder.feed` decoded from the same bytes before this one.
+        self.frames: list[Frame] = []
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,7 +244,8 @@ class FrameDecoder:
         return self._pending.payload_len - len(self._buf)
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
-        """Add bytes; return every frame they complete (possibly none)."""
+        """Add bytes; return every frame they complete (possibly none). A FrameError carries
+        the frames completed before the bad one (``frames``)."""
         if self._failed is not None:
             raise FrameError("closed", f"decoder already failed ({self._failed.code})")
         view = memoryview(data).cast("B")
@@ -273,6 +276,7 @@ class FrameDecoder:
         except FrameError as exc:
             self._failed = exc
             self._buf = bytearray()
+            exc.frames = frames
             raise
         return frames
 

@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any
 from runtime.contracts import RequestKey, new_request_id
 from runtime.engine.metrics import RequestMetrics, StageCallMetrics, StageTotals
 from runtime.engine.outputs import END, OutputStream
-from runtime.engine.program import PipelineProgram, RequestContext, load_program
+from runtime.engine.program import ChainProgram, PipelineProgram, RequestContext, load_program
 from runtime.engine.stage_runtime import StageRuntime
+from runtime.engine.stages import GraphStage
 from runtime.errors import (
     ExecutionError,
     OmniError,
@@ -317,6 +318,54 @@ class Orchestrator:
             self._loop.call_soon_threadsafe(self._launch, request)
         return request
 
+    def run_direct(self, inputs: Any = None) -> dict[str, np.ndarray] | None:
+        """Run one request of a graph chain on the calling thread and return its final
+        outputs (copied), or None where this way is not open: a program other than the
+        chain, a stage whose calls cannot be made directly, another request admitted or
+        queued, or a call from the loop's own thread. The caller then submits as usual.
+
+        The request is admitted, counted, cancellable and published like any other; only its
+        calls are written from this thread and its results handed to it by the loop, with no
+        loop task in between."""
+        program = self.program
+        if not isinstance(program, ChainProgram) or threading.current_thread() is self._thread:
+            return None
+        graph = [stage for stage in self._runtime.stages if isinstance(stage, GraphStage)]
+        if len(graph) != len(self._runtime.stages) or not all(
+            stage.client.direct_calls for stage in graph
+        ):
+            return None
+        request_id = new_request_id()
+        request = Request(
+            request_id=request_id, inputs=program.prepare(inputs), key=RequestKey(request_id)
+        )
+        with self._lock:
+            if self._state != "running":
+                raise UsageError(f"pipeline {self.config.pipeline} is not running ({self._state})")
+            if self._running or self._queue:
+                return None
+            self._running.append(request)
+            self._requests[request_id] = request
+        self.events.publish(RequestAdmitted(request_id=request_id, queued=False))
+        status, message = "failed", ""
+        try:
+            outputs = program.run_direct(request, graph, self.events)
+            status = "completed"
+            return outputs
+        except RequestCancelled as exc:
+            status, message = "cancelled", str(exc)
+            raise
+        except OmniError as exc:
+            message = str(exc)
+            raise
+        except BaseException as exc:
+            # Interrupted while a call runs: fence it (retiring its worker) before leaving.
+            status, message = "cancelled", f"{type(exc).__name__} while the request ran"
+            self.cancel(request_id)
+            raise
+        finally:
+            self._finish(request, status, message)
+
     def cancel(self, request_id: str, *, wait: bool = True) -> bool:
         """Cancel a request; returns False when it is unknown or already finished."""
         with self._lock:
@@ -402,6 +451,13 @@ class Orchestrator:
         self.events.publish(
             RequestFinished(request_id=request.request_id, status=status, message=message)
         )
+        if not following:
+            return
+        assert self._loop is not None
+        on_loop = threading.current_thread() is self._thread
         for admitted in following:
             if admitted.task is None:
-                self._launch(admitted)
+                if on_loop:
+                    self._launch(admitted)
+                else:
+                    self._loop.call_soon_threadsafe(self._launch, admitted)

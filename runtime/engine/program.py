@@ -263,6 +263,39 @@ class TextStream(AsyncIterator[str]):
         )
 
 
+def _acknowledge(stage: GraphStage, key: RequestKey) -> None:
+    stage.client.acknowledge(key)
+
+
+def _record_call(
+    request: Request, events: EventBus, stage: str, queue_s: float, result: CallResult
+) -> StageCallMetrics:
+    """Record one graph call in the request's metrics and publish it."""
+    entry = StageCallMetrics(
+        stage=stage,
+        queue_s=queue_s,
+        run_s=result.run_s,
+        transfer_s=result.transfer_s,
+        bytes_in=result.bytes_in,
+        bytes_out=result.bytes_out,
+        copied_bytes=result.copied_bytes,
+    )
+    request.stage_metrics.append(entry)
+    events.publish(
+        StageCallFinished(
+            request_id=request.request_id,
+            stage=entry.stage,
+            queue_s=entry.queue_s,
+            run_s=entry.run_s,
+            transfer_s=entry.transfer_s,
+            bytes_in=entry.bytes_in,
+            bytes_out=entry.bytes_out,
+            copied_bytes=result.copied_bytes,
+        )
+    )
+    return entry
+
+
 class RequestContext:
     """What a program may do for one request: call graph stages, stream language-model
     text, and emit outputs."""
@@ -373,28 +406,7 @@ class RequestContext:
             if not self.request.stage_metrics
             else started - waited_from
         )
-        entry = StageCallMetrics(
-            stage=handle.name,
-            queue_s=queue_s,
-            run_s=result.run_s,
-            transfer_s=result.transfer_s,
-            bytes_in=result.bytes_in,
-            bytes_out=result.bytes_out,
-            copied_bytes=result.copied_bytes,
-        )
-        self.request.stage_metrics.append(entry)
-        self.events.publish(
-            StageCallFinished(
-                request_id=self.request_id,
-                stage=entry.stage,
-                queue_s=entry.queue_s,
-                run_s=entry.run_s,
-                transfer_s=entry.transfer_s,
-                bytes_in=entry.bytes_in,
-                bytes_out=entry.bytes_out,
-                copied_bytes=result.copied_bytes,
-            )
-        )
+        _record_call(self.request, self.events, handle.name, queue_s, result)
         if hold:
             self.resources.held.append(handle)
         else:
@@ -562,6 +574,44 @@ class ChainProgram:
                 )
             finally:
                 ctx.release(index)
+
+    def run_direct(
+        self, request: Request, stages: Sequence[GraphStage], events: EventBus
+    ) -> dict[str, np.ndarray]:
+        """Run ``request`` on the calling thread (not the loop's) and return its final
+        outputs, copied once: the same chain as :meth:`run`, each stage called with
+        ``call_direct``. The orchestrator takes this way only while the request is the only
+        one admitted, so no other request waits for these stages."""
+        prepared: Mapping[str, np.ndarray] | None = request.inputs
+        inputs = prepared if prepared is not None else stages[0].client.example_inputs()
+        last = len(stages) - 1
+        held: tuple[GraphStage, RequestKey] | None = None
+        try:
+            for index, handle in enumerate(stages):
+                if request.cancel_requested:
+                    raise RequestCancelled(f"request {request.request_id} was cancelled")
+                key = request.key
+                on_sent = None if held is None else functools.partial(_acknowledge, *held)
+                started = time.perf_counter()
+                result = handle.client.call_direct(key, inputs, on_sent=on_sent)
+                held = (handle, key)
+                queue_s = max(0.0, started - request.submitted_at) if index == 0 else 0.0
+                _record_call(request, events, handle.name, queue_s, result)
+                if index < last:
+                    inputs = self.handoff(index + 1, result.outputs)
+                    continue
+                # The final outputs outlive the slot: the caller's one copy.
+                kept = {name: np.array(value, copy=True) for name, value in result.outputs.items()}
+                events.publish(
+                    RequestOutputReady(
+                        request_id=request.request_id, stage=handle.name, index=0, finished=True
+                    )
+                )
+                return kept
+        finally:
+            if held is not None:
+                _acknowledge(*held)
+        raise AssertionError("a chain has at least one stage")
 
     def handoff(self, stage_id: int, outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run the model-owned transform on the previous stage's outputs (read in place).

@@ -189,6 +189,7 @@ class FramedChannel:
         self._decoder = FrameDecoder(self.limits)
         self._ready: deque[Frame] = deque()
         self._read_lock = threading.Lock()
+        self._read_buffer: bytearray | None = None
         self._write_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._producers: dict[str, ShmProducer] = {}
@@ -581,16 +582,13 @@ class FramedChannel:
                     raise self._read_failed from exc
         return self._ready.popleft()
 
-    def _feed(self, data: bytes) -> None:
-        """Decode ``data`` step by step, so the frames before a bad one are kept."""
-        if not data:
+    def _feed(self, data: bytes | memoryview) -> None:
+        """Decode ``data``; the frames before a bad one are kept."""
+        try:
             self._ready.extend(self._decoder.feed(data))
-            return
-        view = memoryview(data)
-        while view.nbytes:
-            step = max(1, self._decoder.bytes_needed())
-            self._ready.extend(self._decoder.feed(view[:step]))
-            view = view[step:]
+        except FrameError as exc:
+            self._ready.extend(exc.frames)
+            raise
 
     def _protocol_error(self, exc: ValueError, code: str) -> ProtocolError:
         return ProtocolError(str(exc).removeprefix(f"{code}: "), code=code, channel=self.name)
@@ -605,7 +603,9 @@ class FramedChannel:
         except MessageError as exc:
             raise self._protocol_error(exc, exc.code) from exc
 
-    def _read_some(self, size: int, deadline: float | None, timeout_s: float | None) -> bytes:
+    def _read_some(
+        self, size: int, deadline: float | None, timeout_s: float | None
+    ) -> bytes | memoryview:
         try:
             if self._read_fd is None:
                 # An in-memory stream never blocks, so it needs no deadline.
@@ -616,13 +616,23 @@ class FramedChannel:
                     channel=self.name,
                     timeout_s=timeout_s or 0.0,
                 )
-            return os.read(self._read_fd, size)
+            return self._read_fd_into(self._read_fd, size)
         except (OSError, ValueError) as exc:
             if self._closed:
                 raise ChannelClosed(f"channel {self.name} is closed", channel=self.name) from exc
             raise ChannelClosed(
                 f"channel {self.name}: reading failed ({exc})", channel=self.name
             ) from exc
+
+    def _read_fd_into(self, fd: int, size: int) -> memoryview:
+        """Up to ``size`` bytes from ``fd`` into this channel's read buffer (allocated once:
+        a fresh buffer per read would map and unmap a megabyte each time). The view is valid
+        until the next read; the decoder copies whatever it keeps."""
+        buffer = self._read_buffer
+        if buffer is None or len(buffer) < size:
+            buffer = self._read_buffer = bytearray(max(size, READ_CHUNK))
+        count = os.readv(fd, [memoryview(buffer)[:size]])
+        return memoryview(buffer)[:count]
 
     def _end_of_stream(self) -> NoReturn:
         if self._decoder.at_boundary:
@@ -731,7 +741,7 @@ class FramedChannel:
 
         def readable() -> None:
             try:
-                data = os.read(fd, READ_CHUNK)
+                data = self._read_fd_into(fd, READ_CHUNK)
             except BlockingIOError:
                 return
             except (OSError, ValueError) as exc:

@@ -1,0 +1,227 @@
+"""``Omni.run`` on a graph chain takes the direct way: the caller's thread writes each call
+and the loop hands it the result, with no loop task in between. The request is still
+admitted, counted, published and cancellable like any other, and nothing is left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from runtime.api import Omni
+from runtime.errors import RequestCancelled, ResourceUnavailable, StageRetired, WorkerDied
+from runtime.events import (
+    EventBus,
+    RequestAdmitted,
+    RequestFinished,
+    RequestOutputReady,
+    StageCallFinished,
+)
+from tests.runtime.engine.support import (
+    ENDLESS_STEPS,
+    StageSpec,
+    controller_segments,
+    process_gone,
+    wait_busy,
+    wait_until,
+    write_pipeline,
+)
+from tests.workers.support import loop_reference
+
+
+def _pair(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "a": rng.standard_normal((1, 1024)).astype(np.float32),
+        "b": rng.standard_normal((1, 1024)).astype(np.float32),
+    }
+
+
+def _loop_inputs(manifest: Path, steps: int) -> dict[str, np.ndarray]:
+    with np.load(manifest.parent / "inputs.npz", allow_pickle=False) as archive:
+        return {"x": archive["x"], "n": np.array(steps, np.int64)}
+
+
+def _recorder(events: EventBus) -> list[object]:
+    seen: list[object] = []
+    events.subscribe(seen.append)
+    return seen
+
+
+def test_run_takes_the_direct_way_and_records_the_request_like_any_other(
+    demo_root: Path, options: dict[str, Any]
+) -> None:
+    events = EventBus()
+    seen = _recorder(events)
+    with Omni(demo_root / "pipelines" / "add.yaml", events=events, **options) as omni:
+        orchestrator = omni.orchestrator
+        (client,) = orchestrator.clients
+        inputs = _pair(1)
+        launched: list[object] = []
+        original = orchestrator._launch
+        orchestrator._launch = lambda request: (launched.append(request), original(request))  # type: ignore[method-assign]
+        result = omni.run(inputs)
+        np.testing.assert_allclose(result["sum"], inputs["a"] + inputs["b"], rtol=1e-6)
+        # No loop task ran the request; the slot is free when run() returns.
+        assert launched == []
+        assert client.slot is None
+        # The caller owns its result: a writable array, not a view over the worker's memory.
+        assert result["sum"].flags.writeable
+        assert result["sum"].flags.owndata
+        (request,) = omni.metrics()["requests"]
+        assert request["status"] == "completed"
+        (stage,) = request["stages"]
+        assert stage["stage"] == "stage-0"
+        assert stage["run_s"] > 0
+        kinds = [type(event) for event in seen]
+        order = [
+            kind
+            for kind in kinds
+            if kind in (RequestAdmitted, StageCallFinished, RequestOutputReady, RequestFinished)
+        ]
+        assert order == [RequestAdmitted, StageCallFinished, RequestOutputReady, RequestFinished]
+        finished = [event for event in seen if isinstance(event, RequestFinished)]
+        assert finished[0].status == "completed"
+        # A second run reuses the slot at once.
+        again = omni.run(_pair(2))
+        np.testing.assert_allclose(again["sum"], _pair(2)["a"] + _pair(2)["b"], rtol=1e-6)
+    assert not controller_segments()
+
+
+def test_a_request_submitted_during_a_direct_run_is_refused_or_queued_then_runs(
+    loop_manifest: Path, tmp_path: Path, options: dict[str, Any]
+) -> None:
+    pipeline = write_pipeline(
+        tmp_path / "loop.yaml", StageSpec(loop_manifest, max_io="4MiB"), max_queued=1
+    )
+    steps = 600
+    with Omni(pipeline, **options) as omni:
+        (client,) = omni.orchestrator.clients
+        assert client.pid is not None
+        outcome: dict[str, Any] = {}
+
+        def direct() -> None:
+            outcome["first"] = omni.run(_loop_inputs(loop_manifest, steps))
+
+        runner = threading.Thread(target=direct)
+        runner.start()
+        wait_until(lambda: client.slot is not None, "the direct call to start")
+        # One request waits in the queue (max_queued: 1); a third is refused, naming both.
+        queued = omni.orchestrator.submit(_loop_inputs(loop_manifest, 3))
+        with pytest.raises(ResourceUnavailable, match="queue holds at most 1"):
+            omni.orchestrator.submit(_loop_inputs(loop_manifest, 3))
+        runner.join(120)
+        assert not runner.is_alive()
+        inputs = _loop_inputs(loop_manifest, 3)
+        # The queued request is launched on the loop once the direct one finished.
+        item = queued.stream.next_future().result(30)
+        np.testing.assert_allclose(
+            item.outputs["y"], loop_reference(inputs["x"], 3), rtol=1e-5, atol=1e-5
+        )
+        item.release_stage_buffers()
+        assert "y" in outcome["first"]
+
+
+def test_cancelling_a_direct_run_from_another_thread_retires_the_worker(
+    loop_manifest: Path, tmp_path: Path, options: dict[str, Any]
+) -> None:
+    pipeline = write_pipeline(tmp_path / "loop.yaml", StageSpec(loop_manifest, max_io="4MiB"))
+    events = EventBus()
+    seen = _recorder(events)
+    with Omni(pipeline, events=events, **options) as omni:
+        (client,) = omni.orchestrator.clients
+        pid = client.pid
+        assert pid is not None
+        caught: list[BaseException] = []
+
+        def direct() -> None:
+            try:
+                omni.run(_loop_inputs(loop_manifest, ENDLESS_STEPS))
+            except BaseException as exc:
+                caught.append(exc)
+
+        runner = threading.Thread(target=direct)
+        runner.start()
+        wait_busy(pid)
+        (admitted,) = [event for event in seen if isinstance(event, RequestAdmitted)]
+        started = time.monotonic()
+        assert omni.cancel(admitted.request_id)
+        runner.join(10)
+        assert not runner.is_alive()
+        assert isinstance(caught[0], RequestCancelled)
+        wait_until(lambda: process_gone(pid), "the cancelled worker to be gone", 5.0)
+        assert time.monotonic() - started < 5.0
+        finished = [event for event in seen if isinstance(event, RequestFinished)]
+        assert [event.status for event in finished] == ["cancelled"]
+        # As for any cancelled active call, the stage is retired until the pipeline is recreated.
+        with pytest.raises(StageRetired):
+            omni.run(_loop_inputs(loop_manifest, 3))
+    assert not controller_segments()
+
+
+def test_a_worker_killed_during_a_direct_run_fails_it_at_once(
+    loop_manifest: Path, tmp_path: Path, options: dict[str, Any]
+) -> None:
+    pipeline = write_pipeline(tmp_path / "loop.yaml", StageSpec(loop_manifest, max_io="4MiB"))
+    with Omni(pipeline, **options) as omni:
+        (client,) = omni.orchestrator.clients
+        pid = client.pid
+        assert pid is not None
+        timer = threading.Timer(0.5, os.kill, (pid, signal.SIGKILL))
+        timer.start()
+        started = time.monotonic()
+        with pytest.raises(WorkerDied):
+            omni.run(_loop_inputs(loop_manifest, ENDLESS_STEPS))
+        assert time.monotonic() - started < 5.0
+        timer.join()
+        assert omni.metrics()["requests"][-1]["status"] == "failed"
+    assert not controller_segments()
+
+
+def test_run_waits_its_turn_behind_an_unconsumed_output(
+    demo_root: Path, options: dict[str, Any]
+) -> None:
+    """With an output of another request still held, run() goes through the loop and is
+    refused as before (a graph pipeline admits one request at a time)."""
+    with Omni(demo_root / "pipelines" / "add.yaml", **options) as omni:
+        held = omni.orchestrator.submit(_pair(3))
+        output = held.stream.next_future().result(30)
+        with pytest.raises(ResourceUnavailable, match="one request at a time"):
+            omni.run(_pair(4))
+        output.release_stage_buffers()
+        wait_until(lambda: not omni.orchestrator._running, "the held request to wind up")
+        result = omni.run(_pair(4))
+        np.testing.assert_allclose(result["sum"], _pair(4)["a"] + _pair(4)["b"], rtol=1e-6)
+
+
+def test_closing_the_pipeline_during_a_direct_run_ends_it(
+    loop_manifest: Path, tmp_path: Path, options: dict[str, Any]
+) -> None:
+    pipeline = write_pipeline(tmp_path / "loop.yaml", StageSpec(loop_manifest, max_io="4MiB"))
+    omni = Omni(pipeline, **options)
+    (client,) = omni.orchestrator.clients
+    pid = client.pid
+    assert pid is not None
+    caught: list[BaseException] = []
+
+    def direct() -> None:
+        try:
+            omni.run(_loop_inputs(loop_manifest, ENDLESS_STEPS))
+        except BaseException as exc:
+            caught.append(exc)
+
+    runner = threading.Thread(target=direct)
+    runner.start()
+    wait_busy(pid)
+    omni.close()
+    runner.join(10)
+    assert not runner.is_alive()
+    assert isinstance(caught[0], RequestCancelled)
+    assert process_gone(pid)
+    assert not controller_segments()
