@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 BUNDLES_STAMP := assets/bundles/.built
 
-.PHONY: run test lint typecheck unit slow reliability bench bench-quick screenshots setup system-deps bundles voice package clean
+.PHONY: run test lint typecheck unit slow reliability bench bench-quick screenshots setup system-deps bundles voice bytecode package clean
 
 # Without a display (a server, CI) the studio cannot open a window: run its headless self-test.
 run: setup
@@ -48,7 +48,13 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-setup: system-deps $(STAMP) $(BUNDLES_STAMP) voice
+setup: system-deps $(STAMP) $(BUNDLES_STAMP) voice bytecode
+
+# The project's modules compiled once, as an installed wheel's are: every worker process
+# imports them, and compiling them at each start (where bytecode is not written, as under
+# PYTHONDONTWRITEBYTECODE) costs each worker about 50 ms of CPU. Up-to-date files are skipped.
+bytecode: $(STAMP)
+	$(PY) -m compileall -q runtime workers
 
 # The speech demo's voice bundles, exported once into the user data directory (about 20 s);
 # when bundles of the installed voice already verify there, this only checks them.

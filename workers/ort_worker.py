@@ -35,7 +35,6 @@ if __package__ in (None, ""):
 
 import numpy as np
 import onnxruntime as ort
-import psutil
 
 from runtime.contracts.buffers import DescriptorError
 from runtime.contracts.messages import (
@@ -69,7 +68,7 @@ from runtime.transport.channel import (
     ProtocolError,
     frame_acks,
 )
-from runtime.transport.handshake import send_hello
+from runtime.transport.handshake import process_rss_bytes, send_hello
 from runtime.transport.shm import ShmError, sweep_segments
 from runtime.transport.stdio import claim_worker_stdio
 from workers.errors import WorkerError
@@ -175,7 +174,7 @@ class GraphWorker:
             outputs=bucket.outputs,
             load_s=opened.load_s,
             warmup_s=opened.warmup_s,
-            rss_bytes=psutil.Process().memory_info().rss,
+            rss_bytes=process_rss_bytes(),
             intra_op_threads=message.intra_op_threads,
             allow_spinning=message.allow_spinning,
             arena_bytes=0 if self._arena is None else self._arena.size,

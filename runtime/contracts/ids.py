@@ -7,13 +7,13 @@ dropped by the receiver, which is how a cancelled call's late result is ignored.
 
 from __future__ import annotations
 
-import secrets
+import os
 from dataclasses import dataclass, replace
 
 
 def new_request_id() -> str:
     """A random, URL-safe request id."""
-    return "req-" + secrets.token_hex(8)
+    return "req-" + os.urandom(8).hex()
 
 
 @dataclass(frozen=True, slots=True, order=True)

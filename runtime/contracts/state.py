@@ -7,7 +7,7 @@ unless the stage that made them says so explicitly.
 
 from __future__ import annotations
 
-import secrets
+import os
 from dataclasses import dataclass, field
 
 
@@ -16,7 +16,7 @@ class StateHandle:
     """An opaque reference to state owned by one stage's worker."""
 
     owner: str
-    token: str = field(default_factory=lambda: secrets.token_hex(16))
+    token: str = field(default_factory=lambda: os.urandom(16).hex())
     replayable: bool = False
     migratable: bool = False
 

@@ -1,8 +1,8 @@
 """The first exchange on a worker channel: the worker's ``hello``, checked by the controller.
 
 The worker announces its protocol version, the features it requires and offers, and
-its process identity (pid plus creation time, as :mod:`psutil` reports it, so it
-matches the host's process identity). The controller refuses a version or a required
+its process identity (pid plus creation time, computed as :mod:`psutil` computes it, so
+it matches the host's process identity). The controller refuses a version or a required
 feature it does not implement, a pid other than the one it started, and a worker
 generation other than the one it assigned.
 """
@@ -10,8 +10,7 @@ generation other than the one it assigned.
 from __future__ import annotations
 
 import os
-
-import psutil
+import sys
 
 from runtime.contracts.messages import HelloMessage
 from runtime.contracts.versions import KNOWN_FEATURES, PROTOCOL_VERSION, FeatureError
@@ -36,7 +35,6 @@ def send_hello(
     offered_features: tuple[str, ...] | None = None,
 ) -> HelloMessage:
     """Worker side: announce this process on ``channel``; returns what was sent."""
-    process = psutil.Process(os.getpid())
     hello = HelloMessage(
         protocol_version=PROTOCOL_VERSION,
         required_features=required_features,
@@ -44,12 +42,47 @@ def send_hello(
             tuple(sorted(KNOWN_FEATURES)) if offered_features is None else offered_features
         ),
         worker=worker,
-        pid=process.pid,
-        create_time=process.create_time(),
+        pid=os.getpid(),
+        create_time=process_create_time(),
         generation=generation,
     )
     channel.send_message(hello)
     return hello
+
+
+def process_create_time() -> float:
+    """When this process was created, in seconds since the epoch, as psutil computes it.
+
+    On Linux it is read from ``/proc`` (start ticks after boot plus the boot time), which
+    spares a worker the import of psutil on its way to ``hello``."""
+    if sys.platform.startswith("linux"):
+        try:
+            with open("/proc/self/stat", "rb") as stat:
+                # Fields after the command name (which may hold spaces and parentheses).
+                fields = stat.read().rpartition(b")")[2].split()
+            with open("/proc/stat", "rb") as machine:
+                boot = next(
+                    float(line.split()[1]) for line in machine if line.startswith(b"btime ")
+                )
+            return float(fields[19]) / os.sysconf("SC_CLK_TCK") + boot
+        except (OSError, ValueError, IndexError, StopIteration):
+            pass
+    import psutil
+
+    return float(psutil.Process(os.getpid()).create_time())
+
+
+def process_rss_bytes() -> int:
+    """This process's resident memory in bytes (``/proc/self/statm`` on Linux)."""
+    if sys.platform.startswith("linux"):
+        try:
+            with open("/proc/self/statm", "rb") as statm:
+                return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            pass
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
 
 
 def expect_hello(

@@ -20,7 +20,6 @@ import itertools
 import mmap
 import os
 import re
-import secrets
 import stat
 import struct
 import sys
@@ -129,12 +128,12 @@ def validate_name(name: str) -> str:
 
 def new_prefix(controller_pid: int, generation: int) -> str:
     """A fresh per-worker prefix: ``oe-<controller pid>-<generation>-<random>-``."""
-    return validate_prefix(f"oe-{controller_pid}-{generation}-{secrets.token_hex(4)}-")
+    return validate_prefix(f"oe-{controller_pid}-{generation}-{os.urandom(4).hex()}-")
 
 
 def segment_name(prefix: str) -> str:
     """A fresh segment name under ``prefix``."""
-    return validate_prefix(prefix) + secrets.token_hex(NAME_RANDOM_HEX // 2)
+    return validate_prefix(prefix) + os.urandom(NAME_RANDOM_HEX // 2).hex()
 
 
 def pack_length_header(nbytes: int) -> bytes:
