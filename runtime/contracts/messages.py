@@ -301,6 +301,15 @@ class CallMessage(Message):
     def buffer_names(self) -> tuple[str, ...]:
         return self.input_names
 
+    def to_body(self) -> dict[str, Any]:
+        # Sent once per call: spelled out rather than walked field by field.
+        return {
+            "call_id": self.call_id,
+            "request_id": self.request_id,
+            "epoch": self.epoch,
+            "input_names": list(self.input_names),
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class CancelMessage(Message):
@@ -326,6 +335,9 @@ class AckMessage(Message):
     def __post_init__(self) -> None:
         _check_str(self.KIND, "owner", self.owner)
         _check_int(self.KIND, "generation", self.generation)
+
+    def to_body(self) -> dict[str, Any]:
+        return {"owner": self.owner, "generation": self.generation}
 
 
 @dataclass(frozen=True, slots=True)
@@ -465,6 +477,17 @@ class ResultMessage(Message):
     @property
     def buffer_names(self) -> tuple[str, ...]:
         return self.output_names
+
+    def to_body(self) -> dict[str, Any]:
+        # Sent once per call: spelled out rather than walked field by field.
+        return {
+            "call_id": self.call_id,
+            "request_id": self.request_id,
+            "epoch": self.epoch,
+            "output_names": list(self.output_names),
+            "run_s": self.run_s,
+            "copied_bytes": self.copied_bytes,
+        }
 
 
 @dataclass(frozen=True, slots=True)
