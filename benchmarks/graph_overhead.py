@@ -2,7 +2,8 @@
 
 Two graphs: a tiny ``add`` (float32 [1, 1024] + [1, 1024], the demo's shape) and a MatMul
 sized so that one in-process call takes about 1 ms on this machine. The pipeline side is
-``Omni.run`` (submit, orchestrator loop, pipe to the worker process, result, acknowledge);
+``Omni.run`` (admission, the call written from the caller's thread, the pipe to the worker
+process, the result handed over by the event loop, the copy ``run`` returns, acknowledge);
 the baseline is ``InferenceSession.run`` on a session made by the worker's own
 :func:`workers.ort_session.create_session` with the same arguments, so the session options
 (threads, config entries) are identical. Pipeline and baseline are timed in alternating
@@ -148,12 +149,14 @@ def compare(
 def _limits(details: Mapping[str, Detail]) -> str:
     return (
         f"Of the {details['added_p50_ms']} ms added at p50, {details['stage_transfer_p50_ms']} ms "
-        "is the stage call's round trip outside ONNX Runtime (the call frame written from the "
-        "event loop, the pipe to the worker and back, the worker's reading thread, the loop "
-        "woken by the result on the pipe); the rest is the request's way through the "
-        "orchestrator (caller -> event loop -> output stream -> caller). Every hop is a thread "
-        "or process wake-up that waits for a free core, so the figure grows with the "
-        "machine's load."
+        "is the stage call's round trip outside ONNX Runtime (the inputs copied into the "
+        "stage's arena and the call frame written from the caller's thread, the worker woken "
+        "by the pipe, its decoding and checks, the result frame, the event loop woken by it "
+        "and handing the result to the caller), and the worker's run took "
+        f"{details['worker_run_p50_ms']} ms against {details['in_process_p50_ms']} ms in "
+        "process; the rest is the request's own way (admission, metrics and events, the copy "
+        "run() returns, the acknowledgement). Each of the two process wake-ups waits for a "
+        "free core, so the figure grows with the machine's load."
     )
 
 
