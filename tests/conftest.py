@@ -11,6 +11,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.helpers.shm import session_segments
+
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 # A shell starting the suite in the background ignores SIGINT, and child processes would
@@ -28,15 +30,8 @@ SHM_PREFIX = "oe-"
 
 
 def _shm_entries() -> set[str]:
-    """The runtime's own segments; other programs' entries on the machine are not ours."""
-    try:
-        return {
-            entry.name
-            for entry in SHM_DIR.iterdir()
-            if entry.name.startswith(SHM_PREFIX) and entry.is_file()
-        }
-    except OSError:
-        return set()
+    """The runtime's segments of this session (see :mod:`tests.helpers.shm`)."""
+    return session_segments(SHM_PREFIX)
 
 
 def _live_children() -> list[psutil.Process]:

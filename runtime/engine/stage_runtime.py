@@ -35,6 +35,7 @@ from runtime.backends.vllm_client import (
     engine_floor_bytes,
 )
 from runtime.config import (
+    SMOLLM2_MODEL,
     TINY_MODEL,
     GraphBackendConfig,
     LlmBackendConfig,
@@ -53,7 +54,9 @@ from runtime.envs.manager import envs_root
 from runtime.errors import ConfigError, ExecutionError, OmniError, UsageError
 from runtime.events import EventBus, StageReady, StageStarting
 from runtime.host import RouteError, is_frozen, resolve_interpreter, worker_argv
-from runtime.models.tiny_llm import TinyModelError, ensure_tiny_model
+from runtime.models.marker import ModelBuildError
+from runtime.models.smollm2 import ensure_smollm2_model
+from runtime.models.tiny_llm import ensure_tiny_model
 
 if TYPE_CHECKING:
     from runtime.backends.base import GraphClient, LlmClient, StageClient
@@ -301,14 +304,16 @@ class StageRuntime:
     async def _model_dir(
         self, stage: StageConfig, backend: LlmBackendConfig, found: _LocalLlm
     ) -> Path:
-        """The model directory; ``model: tiny`` is built by the route's Python when missing."""
+        """The model directory; a built-in model (``tiny``, ``smollm2-135m-instruct``) is made
+        by the route's Python when missing, once."""
         if isinstance(backend.model, Path):
             return backend.model
-        assert backend.model == TINY_MODEL
+        ensure = ensure_smollm2_model if backend.model == SMOLLM2_MODEL else ensure_tiny_model
+        assert backend.model in (TINY_MODEL, SMOLLM2_MODEL)
         loop = asyncio.get_running_loop()
         try:
-            model_dir = await loop.run_in_executor(None, ensure_tiny_model, found.python)
-        except TinyModelError as exc:
+            model_dir = await loop.run_in_executor(None, ensure, found.python)
+        except ModelBuildError as exc:
             raise StageStartError(stage.name, ExecutionError(str(exc))) from exc
         self._check_floor(stage, backend, model_dir)
         return model_dir

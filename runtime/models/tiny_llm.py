@@ -18,7 +18,6 @@ starts ``<env python> -m runtime.models.tiny_llm --out DIR`` there, which calls
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib
 import json
 import os
@@ -29,6 +28,8 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
+
+from runtime.models.marker import MARKER_NAME, ModelBuildError, marker_ready, sha256_file
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -45,7 +46,6 @@ __all__ = [
 
 #: Bump when anything below changes what is built; the cache directory is versioned.
 MODEL_VERSION: Final = 1
-MARKER_NAME: Final = "omni-edge-model.json"
 VOCAB_SIZE: Final = 1024
 HIDDEN_SIZE: Final = 128
 INTERMEDIATE_SIZE: Final = 256
@@ -81,7 +81,7 @@ _WORDS: Final = (
 ).split()
 
 
-class TinyModelError(RuntimeError):
+class TinyModelError(ModelBuildError):
     """The tiny model could not be built; names the command and the tail of its output."""
 
 
@@ -104,30 +104,12 @@ def corpus(lines: int = 6000, seed: int = SEED) -> list[str]:
     return out
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+_sha256 = sha256_file
 
 
 def tiny_model_ready(model_dir: Path) -> bool:
     """True when ``model_dir`` holds a complete tiny model of this version, files intact."""
-    try:
-        marker = json.loads((Path(model_dir) / MARKER_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    if not isinstance(marker, dict) or marker.get("version") != MODEL_VERSION:
-        return False
-    files = marker.get("files")
-    if not isinstance(files, dict) or not files:
-        return False
-    for name, expected in files.items():
-        path = Path(model_dir) / str(name)
-        if not path.is_file() or _sha256(path) != expected:
-            return False
-    return True
+    return marker_ready(model_dir, version=MODEL_VERSION)
 
 
 def _train_tokenizer(out_dir: Path) -> Any:

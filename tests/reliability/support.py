@@ -23,6 +23,7 @@ from typing import Any
 import psutil
 
 from runtime.ledger import outstanding_reservations
+from tests.helpers.shm import session_segments
 
 #: Records of this session: faults, fuzz targets, soak runs, security checks.
 RECORDS: list[dict[str, Any]] = []
@@ -49,11 +50,8 @@ def live_children() -> dict[int, str]:
 
 
 def shm_segments() -> set[str]:
-    """The runtime's segments in /dev/shm (other programs' entries are not ours)."""
-    try:
-        return {entry.name for entry in SHM_DIR.iterdir() if entry.name.startswith(SHM_PREFIX)}
-    except OSError:
-        return set()
+    """This session's runtime segments in /dev/shm (see :mod:`tests.helpers.shm`)."""
+    return session_segments(SHM_PREFIX)
 
 
 def open_fds() -> dict[int, str]:

