@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 from .artifacts import BundleReport, inspect_bundle
 from .config import LlmBackendConfig, PipelineConfig, RemoteLlmRoute, load_pipeline
-from .contracts import ExecutionDomain
 from .devices import (
     DeviceSelection,
     Topology,
@@ -21,6 +20,7 @@ from .devices import (
     free_shortfalls,
     load_selection,
     observed_free,
+    route_domain,
 )
 from .errors import DeviceExcluded
 from .ledger import BudgetExplanation, explain_budget, format_bytes
@@ -145,13 +145,6 @@ def _route_json(config: PipelineConfig, index: int) -> dict[str, Any]:
     }
 
 
-def route_domain(machine: Topology, os_domain: str) -> ExecutionDomain:
-    """The execution domain a route's worker runs in on ``machine``."""
-    if os_domain == "windows":
-        return ExecutionDomain.WINDOWS
-    return ExecutionDomain.WSL if machine.wsl else ExecutionDomain.POSIX
-
-
 def plan_pipeline(
     path: str | Path,
     *,
@@ -197,6 +190,8 @@ def plan_pipeline(
                 ep=route.ep,
                 target_provider=route.target_provider,
                 stage=stage.name,
+                os_domain=route.os_domain,
+                route=route.name,
             )
         except DeviceExcluded as exc:
             refusals.append(f"device: {exc}")

@@ -26,6 +26,7 @@ from runtime.devices.selection import (
     check_route_device,
     config_dir,
     load_selection,
+    route_domain,
     save_selection,
     selection_path,
 )
@@ -74,6 +75,7 @@ __all__ = [
     "merge_same_physical",
     "observed_free",
     "parse_size",
+    "route_domain",
     "save_selection",
     "save_topology",
     "selection_path",

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import platformdirs
 
-from runtime.contracts.devices import DeviceDescriptor, DeviceKind
+from runtime.contracts.devices import DeviceDescriptor, DeviceKind, ExecutionDomain
 from runtime.devices.topology import DISCOVERED
 from runtime.errors import ConfigError, DeviceExcluded, UsageError
 
@@ -190,12 +190,17 @@ def check_route_device(
     target_provider: str,
     stage: str,
     physical_id: str | None = None,
+    os_domain: str | None = None,
+    route: str | None = None,
 ) -> DeviceDescriptor:
     """The device a route runs on: one that offers ``target_provider``, of a kind ``ep`` targets
-    (see ROUTE_TARGETS), and that ``selection`` allows. ``physical_id`` pins one device.
+    (see ROUTE_TARGETS), that the route's ``os_domain`` reaches, and that ``selection``
+    allows. ``physical_id`` pins one device; ``route`` names the route in messages.
 
     Raises ConfigError when ``ep`` is unknown or does not use ``target_provider``, and
-    DeviceExcluded when no device offers the provider or every one that does is excluded.
+    DeviceExcluded when no device offers the provider, when the route's domain reaches none
+    of those that do (a Windows-only device from a POSIX route, and the reverse), or when
+    every one it reaches is excluded.
     """
     target = ROUTE_TARGETS.get(ep)
     if target is None:
@@ -219,6 +224,34 @@ def check_route_device(
             f"{stage} targets {target_provider}, but no {kinds} device{pinned} in "
             f"{_topology_name(topology)} offers it; devices: {_device_list(topology.devices)}"
         )
+    if os_domain is not None:
+        domain = route_domain(topology, os_domain)
+        provider_here = target_provider not in WINDOWS_ONLY_PROVIDERS or (
+            domain is ExecutionDomain.WINDOWS
+        )
+        reachable = [
+            device
+            for device in candidates
+            if provider_here
+            and domain in topology.domains.get(device.physical_id, (device.execution_domain,))
+        ]
+        if not reachable:
+            device = candidates[0]
+            seen = topology.domains.get(device.physical_id, (device.execution_domain,))
+            other = "windows" if domain is not ExecutionDomain.WINDOWS else "posix"
+            where = (
+                f"{target_provider} runs only in the windows domain"
+                if not provider_here
+                else f"{device.name} ({device.physical_id}), the device offering "
+                f"{target_provider}, is reached only from {', '.join(d.value for d in seen)}"
+            )
+            raise DeviceExcluded(
+                f"{stage}: route {route or '(unnamed)'} has os_domain {os_domain!r} and runs in "
+                f"the {domain.value} domain, but {where}; accepted: os_domain: {other} for "
+                f"{device.name} ({device.physical_id}), or a route to a device of the "
+                f"{domain.value} domain"
+            )
+        candidates = reachable
     for device in candidates:
         if selection.allows(device.physical_id):
             return device
@@ -228,6 +261,19 @@ def check_route_device(
         f"device selection; allow it with `omni-edge devices --allow {device.physical_id}` "
         "or in the studio's Devices panel"
     )
+
+
+#: Execution providers that exist only in Windows builds of ONNX Runtime: a device that
+#: offers one is reached through it only by a route with ``os_domain: windows``.
+WINDOWS_ONLY_PROVIDERS: frozenset[str] = frozenset({"DmlExecutionProvider"})
+
+
+def route_domain(topology: Topology, os_domain: str) -> ExecutionDomain:
+    """The execution domain a route's worker runs in on ``topology``'s machine: Windows for
+    ``os_domain: windows``, else WSL on a WSL machine and POSIX elsewhere."""
+    if os_domain == "windows":
+        return ExecutionDomain.WINDOWS
+    return ExecutionDomain.WSL if topology.wsl else ExecutionDomain.POSIX
 
 
 def _candidates(topology: Topology, target: RouteTarget, provider: str) -> list[DeviceDescriptor]:

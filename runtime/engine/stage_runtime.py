@@ -163,6 +163,8 @@ class StageRuntime:
                 ep=route.ep,
                 target_provider=route.target_provider,
                 stage=stage.name,
+                os_domain=route.os_domain,
+                route=route.name,
             )
             resolved.append(verify_bundle(backend.manifest))
         return resolved

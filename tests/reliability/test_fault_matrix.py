@@ -659,8 +659,9 @@ def missing_provider(run: FaultRun) -> Outcome:
         run.tmp_path / "cuda.yaml",
         StageSpec(run.add_manifest, ep="cuda", allowed=("CUDAExecutionProvider", CPU)),
     )
-    # A machine described with a CUDA GPU passes the device check; the worker has no CUDA.
-    described = load_topology(REPO_ROOT / "assets" / "topologies" / "cpu-dgpu.yaml")
+    # A machine described with a CUDA GPU its WSL reaches passes the device check; the worker
+    # has no CUDA.
+    described = load_topology(REPO_ROOT / "assets" / "topologies" / "cpu-dgpu-wsl.yaml")
     ledger = ResourceLedger(name="cuda")
     run.inject()
     with pytest.raises(StageStartError) as caught:

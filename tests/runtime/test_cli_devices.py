@@ -13,6 +13,7 @@ from runtime.cli import main
 ROOT = Path(__file__).resolve().parents[2]
 LAPTOP = ROOT / "assets" / "topologies" / "hx370-rtx5090-laptop.yaml"
 CPU_WSL = ROOT / "assets" / "topologies" / "cpu-only-wsl.yaml"
+TOPOLOGIES = ROOT / "assets" / "topologies"
 
 
 @pytest.fixture(autouse=True)
@@ -73,7 +74,7 @@ def test_unknown_device_id_is_a_usage_error(capsys: pytest.CaptureFixture[str]) 
     assert "GPU-nope" in capsys.readouterr().err
 
 
-def _cpu_pipeline(tmp_path: Path, extra_demands: str = "") -> Path:
+def _cpu_pipeline(tmp_path: Path, extra_demands: str = "", os_domain: str = "posix") -> Path:
     manifest = make_bundle(tmp_path, kind="add")
     path = tmp_path / "p.yaml"
     path.write_text(
@@ -85,7 +86,7 @@ stages:
     backend:
       name: external.graph.v1
       manifest: {manifest}
-      route: {{name: cpu, interpreter: bundled, worker: ort, ep: cpu, os_domain: posix,
+      route: {{name: cpu, interpreter: bundled, worker: ort, ep: cpu, os_domain: {os_domain},
               max_io_bytes: 1MiB}}
     resource_budget:
       capacities: {{machine:ram: 1GiB{", wsl:quota: 1GiB" if extra_demands else ""}}}
@@ -98,7 +99,8 @@ stages:
 def test_plan_refuses_a_route_on_an_excluded_device(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pipeline = _cpu_pipeline(tmp_path)
+    # The laptop's topology is native Windows: its routes run in the windows domain.
+    pipeline = _cpu_pipeline(tmp_path, os_domain="windows")
     laptop = _devices_json(capsys, "--topology", str(LAPTOP))
     cpu = next(d["physical_id"] for d in laptop["devices"] if d["kind"] == "cpu")
     others = [d["physical_id"] for d in laptop["devices"] if d["physical_id"] != cpu]
@@ -120,3 +122,84 @@ def test_plan_warns_about_the_wsl_double_charge(
     assert main(["plan", str(both), "--topology", str(CPU_WSL), "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert not any("demands nothing" in warning for warning in plan["warnings"])
+
+
+def _dml_pipeline(tmp_path: Path, os_domain: str) -> Path:
+    manifest = make_bundle(tmp_path, kind="add")
+    path = tmp_path / f"dml-{os_domain}.yaml"
+    path.write_text(
+        f"""\
+pipeline: dml-check
+async_chunk: false
+stages:
+  - stage_id: 0
+    backend:
+      name: external.graph.v1
+      manifest: {manifest}
+      route: {{name: igpu-dml, interpreter: bundled, worker: ort, ep: dml,
+              os_domain: {os_domain}, max_io_bytes: 1MiB,
+              allowed_providers: [DmlExecutionProvider, CPUExecutionProvider]}}
+    resource_budget:
+      capacities: {{machine:ram: 1GiB, wsl:quota: 1GiB}}
+      demands: {{machine:ram: 64MiB, wsl:quota: 64MiB}}
+"""
+    )
+    return path
+
+
+def test_plan_refuses_a_route_whose_domain_cannot_reach_its_device(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    topology = TOPOLOGIES / "cpu-igpu-npu-dgpu-wsl.yaml"
+    # From WSL (os_domain posix) DirectML reaches no device: the integrated GPU is seen only
+    # from Windows, and DirectML exists only in Windows builds of ONNX Runtime.
+    posix = _dml_pipeline(tmp_path, "posix")
+    assert main(["plan", str(posix), "--topology", str(topology)]) == 3
+    out = capsys.readouterr().out
+    assert "route igpu-dml has os_domain 'posix' and runs in the wsl domain" in out
+    assert "DmlExecutionProvider runs only in the windows domain" in out
+    assert "accepted: os_domain: windows for Example integrated GPU (PCI-0000:c4:00.0)" in out
+    assert "REFUSED" in out
+    # The same route from Windows is admitted, on the integrated GPU.
+    windows = _dml_pipeline(tmp_path / "w", "windows")
+    assert main(["plan", str(windows), "--topology", str(topology)]) == 0
+    assert "Example integrated GPU" in capsys.readouterr().out
+
+
+def test_a_windows_only_device_is_refused_to_a_posix_route_and_the_reverse() -> None:
+    from runtime.devices import DeviceSelection, check_route_device, load_topology
+    from runtime.errors import DeviceExcluded
+
+    topology = load_topology(TOPOLOGIES / "cpu-igpu-npu-dgpu-wsl.yaml")
+    with pytest.raises(DeviceExcluded, match=r"reached only from windows"):
+        check_route_device(
+            topology,
+            DeviceSelection(),
+            ep="vitisai",
+            target_provider="VitisAIExecutionProvider",
+            stage="stage-0",
+            os_domain="posix",
+            route="npu",
+        )
+    npu = check_route_device(
+        topology,
+        DeviceSelection(),
+        ep="vitisai",
+        target_provider="VitisAIExecutionProvider",
+        stage="stage-0",
+        os_domain="windows",
+        route="npu",
+    )
+    assert npu.kind.value == "npu"
+    # A device seen only from WSL is out of a Windows route's reach.
+    machine = load_topology(CPU_WSL)
+    with pytest.raises(DeviceExcluded, match=r"runs in the windows domain.*reached only from wsl"):
+        check_route_device(
+            machine,
+            DeviceSelection(),
+            ep="cpu",
+            target_provider="CPUExecutionProvider",
+            stage="stage-0",
+            os_domain="windows",
+            route="win-cpu",
+        )

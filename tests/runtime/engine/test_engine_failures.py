@@ -177,9 +177,9 @@ def test_an_absent_provider_is_refused_naming_the_available_ones(
         tmp_path / "cuda.yaml",
         StageSpec(_add_manifest(demo_root), ep="cuda", allowed=("CUDAExecutionProvider", CPU)),
     )
-    # A machine described with a CUDA GPU gets past the device check; the worker then finds
-    # that this ONNX Runtime build has no CUDA provider.
-    described = load_topology(REPO_ROOT / "assets" / "topologies" / "cpu-dgpu.yaml")
+    # A machine described with a CUDA GPU that its WSL reaches gets past the device check;
+    # the worker then finds that this ONNX Runtime build has no CUDA provider.
+    described = load_topology(REPO_ROOT / "assets" / "topologies" / "cpu-dgpu-wsl.yaml")
     ledger = ResourceLedger(name="cuda")
     with pytest.raises(StageStartError) as caught:
         Omni(pipeline, ledger=ledger, topology=described, selection=None)
