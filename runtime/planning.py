@@ -165,7 +165,24 @@ def plan_pipeline(
     for index, stage in enumerate(config.stages):
         backend = stage.backend
         if isinstance(backend, LlmBackendConfig):
-            # vLLM picks its device from its build: the managed environment names it.
+            llm_device = None
+            llm_route = backend.route
+            if not isinstance(llm_route, RemoteLlmRoute):
+                # A local engine runs on a device of this machine (its route's ep: cpu or cuda).
+                try:
+                    found = check_route_device(
+                        machine,
+                        allowed,
+                        ep=llm_route.ep,
+                        target_provider=llm_route.target_provider,
+                        stage=stage.name,
+                        os_domain=llm_route.os_domain,
+                        route=llm_route.name,
+                    )
+                except DeviceExcluded as exc:
+                    refusals.append(f"device: {exc}")
+                else:
+                    llm_device = f"{found.name} ({found.physical_id})"
             stages.append(
                 StagePlan(
                     name=stage.name,
@@ -173,7 +190,7 @@ def plan_pipeline(
                     route=_route_json(config, index),
                     demands=dict(stage.resource_budget.demands),
                     bundle=None,
-                    device=None,
+                    device=llm_device,
                     model=backend.model_label,
                 )
             )

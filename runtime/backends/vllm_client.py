@@ -102,6 +102,22 @@ class VllmRoute:
     os_domain: str = "posix"
     worker: str = "vllm"
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    #: The device kind (``cpu`` or ``cuda``) and the physical id of the device admission chose
+    #: for it (None where no topology was consulted).
+    ep: str = "cpu"
+    device_id: str | None = None
+
+
+#: Variables that pin a language-model worker to its device (set from the admitted device).
+PINNING_VARIABLES: Final = ("CUDA_VISIBLE_DEVICES",)
+
+
+def pinning_env(ep: str, device_id: str | None) -> dict[str, str]:
+    """The variables that keep a worker on its admitted device: a CUDA engine sees only that
+    GPU (by its UUID, which ``CUDA_VISIBLE_DEVICES`` accepts); a CPU engine needs none."""
+    if ep == "cuda" and device_id is not None and device_id.startswith("GPU-"):
+        return {"CUDA_VISIBLE_DEVICES": device_id}
+    return {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +174,11 @@ class VllmStageDetail:
                 "interpreter": spec.route.interpreter,
                 "worker": spec.route.worker,
                 "os_domain": spec.route.os_domain,
+                "ep": spec.route.ep,
+                "device_id": spec.route.device_id,
+                "pinned": {
+                    name: spec.route.env[name] for name in PINNING_VARIABLES if name in spec.route.env
+                },
             },
             "reservation": None if self.reservation is None else self.reservation.to_json(),
             "vllm_version": None if ready is None else ready.vllm_version,

@@ -26,6 +26,11 @@ TINY_MODEL: Final = "tiny"
 SMOLLM2_MODEL: Final = "smollm2-135m-instruct"
 BuiltinModel: TypeAlias = Literal["tiny", "smollm2-135m-instruct"]
 DEFAULT_LLM_INTERPRETER: Final = "env:vllm-cpu"
+#: The managed environment whose engine runs on NVIDIA GPUs.
+CUDA_LLM_ENV: Final = "vllm-cuda"
+#: A local language-model route's device kinds, and the provider that marks such a device in
+#: the machine's topology.
+LLM_EPS: Final = MappingProxyType({"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"})
 #: URL schemes a remote language-model route accepts.
 REMOTE_SCHEMES = ("http", "https")
 #: Longest connect or read timeout a remote route accepts, in seconds.
@@ -47,10 +52,23 @@ class LlmRouteConfig:
     worker: str = "vllm"
     os_domain: str = "posix"
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    #: The device kind the engine runs on: ``cpu`` or ``cuda`` (by default ``cuda`` for the
+    #: ``vllm-cuda`` environment, ``cpu`` otherwise).
+    ep: str = ""
 
     def __post_init__(self) -> None:
         if self.os_domain not in OS_DOMAINS:
             raise ValueError(f"unknown os_domain {self.os_domain!r}; accepted: {OS_DOMAINS}")
+        if not self.ep:
+            cuda = self.interpreter == f"env:{CUDA_LLM_ENV}"
+            object.__setattr__(self, "ep", "cuda" if cuda else "cpu")
+        if self.ep not in LLM_EPS:
+            raise ValueError(f"unknown language-model ep {self.ep!r}; accepted: {LLM_EPS}")
+
+    @property
+    def target_provider(self) -> str:
+        """The provider a device must offer in the topology for this route (its device check)."""
+        return LLM_EPS[self.ep]
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +143,7 @@ _LLM_ENGINE_KEYS = (
     "seed",
 )
 _LLM_SAMPLING_KEYS = ("max_tokens", "min_tokens", "temperature", "top_p")
-_LLM_ROUTE_KEYS = ("name", "interpreter", "worker", "os_domain", "env")
+_LLM_ROUTE_KEYS = ("name", "interpreter", "worker", "os_domain", "env", "ep")
 _REMOTE_ROUTE_REQUIRED = ("url", "model")
 _REMOTE_ROUTE_OPTIONAL = ("api_key_env", "connect_timeout_s", "read_timeout_s")
 _MODEL_FORMS = (
@@ -301,8 +319,11 @@ def _parse_llm_route(reader: ConfigReader, item: ConfigItem) -> LlmRouteConfig |
     env: Mapping[str, str] = MappingProxyType({})
     if "env" in fields:
         env = parse_env(reader, fields["env"])
+    ep = ""
+    if "ep" in fields:
+        ep = reader.choice(fields["ep"], tuple(LLM_EPS))
     return LlmRouteConfig(
-        name=name, interpreter=interpreter, worker=worker, os_domain=os_domain, env=env
+        name=name, interpreter=interpreter, worker=worker, os_domain=os_domain, env=env, ep=ep
     )
 
 

@@ -33,6 +33,7 @@ from runtime.backends.vllm_client import (
     VllmStageSpec,
     VllmTimeouts,
     engine_floor_bytes,
+    pinning_env,
 )
 from runtime.config import (
     SMOLLM2_MODEL,
@@ -88,9 +89,11 @@ class StageStartError(OmniError):
 
 @dataclass(frozen=True, slots=True)
 class _LocalLlm:
-    """A local language-model stage as resolved: the Python its route runs."""
+    """A local language-model stage as resolved: the Python its route runs and the device
+    admission chose."""
 
     python: Path
+    device_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,20 +145,23 @@ class StageRuntime:
             "key": f"stages[{stage.stage_id}].{key}",
         }
 
+    def _machine(self) -> tuple[Topology, DeviceSelection]:
+        """The topology and device selection admission checks against (found once)."""
+        if self.topology is None:
+            self.topology = discover_topology()
+        if self.selection is None:
+            self.selection = load_selection()
+        return self.topology, self.selection
+
     def _resolve(self) -> list[_Resolved]:
         """Every check that needs no process: bundles, devices, routes and models."""
-        topology: Topology | None = self.topology
-        selection: DeviceSelection | None = self.selection
         resolved: list[_Resolved] = []
         for stage in self.config.stages:
             backend = stage.backend
             if isinstance(backend, LlmBackendConfig):
                 resolved.append(self._resolve_llm(stage, backend))
                 continue
-            if topology is None:
-                topology = discover_topology()
-            if selection is None:
-                selection = load_selection()
+            topology, selection = self._machine()
             route = backend.route
             check_route_device(
                 topology,
@@ -171,6 +177,18 @@ class StageRuntime:
 
     def _resolve_llm(self, stage: StageConfig, backend: LlmBackendConfig) -> _Resolved:
         route = backend.route
+        if isinstance(route, LlmRouteConfig):
+            # A local engine runs on a device of this machine: checked like a graph stage's.
+            topology, selection = self._machine()
+            device = check_route_device(
+                topology,
+                selection,
+                ep=route.ep,
+                target_provider=route.target_provider,
+                stage=stage.name,
+                os_domain=route.os_domain,
+                route=route.name,
+            )
         if isinstance(route, RemoteLlmRoute):
             if importlib.util.find_spec(REMOTE_LLM_MODULE) is None:
                 raise UsageError(
@@ -203,7 +221,7 @@ class StageRuntime:
             ) from exc
         if isinstance(backend.model, Path):
             self._check_floor(stage, backend, backend.model)
-        return _LocalLlm(python=Path(argv[0]))
+        return _LocalLlm(python=Path(argv[0]), device_id=device.physical_id)
 
     def _check_floor(self, stage: StageConfig, backend: LlmBackendConfig, model_dir: Path) -> None:
         """The stage's memory demand must cover its weights plus its KV cache."""
@@ -274,7 +292,9 @@ class StageRuntime:
                 interpreter=route.interpreter,
                 os_domain=route.os_domain,
                 worker=route.worker,
-                env=route.env,
+                env={**route.env, **pinning_env(route.ep, found.device_id)},
+                ep=route.ep,
+                device_id=found.device_id,
             ),
             demands=stage.resource_budget.demands,
         )

@@ -203,3 +203,36 @@ def test_a_windows_only_device_is_refused_to_a_posix_route_and_the_reverse() -> 
             os_domain="windows",
             route="win-cpu",
         )
+
+
+def test_plan_names_the_device_of_a_language_model_stage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pipeline = tmp_path / "llm.yaml"
+    pipeline.write_text(
+        """\
+pipeline: llm-device
+async_chunk: false
+stages:
+  - stage_id: 0
+    backend:
+      name: native.vllm.v1
+      model: tiny
+      route: {name: gpu-llm, ep: cuda}
+    resource_budget:
+      capacities: {machine:ram: 8GiB, wsl:quota: 8GiB}
+      demands: {machine:ram: 3GiB, wsl:quota: 3GiB}
+""",
+        encoding="utf-8",
+    )
+    topology = TOPOLOGIES / "cpu-dgpu-wsl.yaml"
+    assert main(["plan", str(pipeline), "--topology", str(topology), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    (stage,) = document["stages"]
+    assert stage["device"].startswith("Example discrete GPU (GPU-")
+    gpu = stage["device"].split("(")[1].rstrip(")")
+    listed = _devices_json(capsys, "--topology", str(topology))
+    others = [d["physical_id"] for d in listed["devices"] if d["physical_id"] != gpu]
+    code = main(["plan", str(pipeline), "--topology", str(topology), "--devices", ",".join(others)])
+    assert code == 3
+    assert f"({gpu}) which is excluded by your device selection" in capsys.readouterr().out

@@ -362,9 +362,16 @@ LOCAL_REFUSALS = [
     ("env: {", "env: {1BAD: x, ", "route.env[1BAD]", "1BAD", "not an environment variable name"),
     (
         "worker: vllm",
-        "worker: vllm\n  ep: cpu",
+        "worker: vllm\n  ep: dml",
         "route.ep",
-        "ep: cpu",
+        "ep: dml",
+        "one of cpu, cuda",
+    ),
+    (
+        "worker: vllm",
+        "worker: vllm\n  allowed_providers: []",
+        "route.allowed_providers",
+        "allowed_providers",
         "accepted keys: name, interpreter",
     ),
     ("worker: vllm", "worker: vllm\n  model: m", "route.model", "model: m", "also needs url"),

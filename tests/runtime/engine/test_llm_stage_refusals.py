@@ -13,14 +13,24 @@ from pathlib import Path
 import pytest
 
 from runtime.api import Omni
-from runtime.config import load_pipeline
+from runtime.backends.vllm_client import pinning_env
+from runtime.config import LlmRouteConfig, load_pipeline
+from runtime.contracts.devices import DeviceKind
+from runtime.devices import (
+    DeviceSelection,
+    Topology,
+    check_route_device,
+    discover_topology,
+    load_topology,
+)
 from runtime.engine.stage_runtime import StageRuntime
-from runtime.errors import ConfigError, UsageError
+from runtime.errors import ConfigError, DeviceExcluded, UsageError
 from runtime.events import Event, EventBus, StageStarting
 from runtime.host import RouteError
 from runtime.ledger import ResourceLedger
 
 GiB = 1 << 30
+TOPOLOGIES = Path(__file__).resolve().parents[3] / "assets" / "topologies"
 
 
 def _pipeline(tmp_path: Path, backend: str, demand: str = "3GiB") -> Path:
@@ -114,3 +124,58 @@ def test_a_text_pipeline_has_no_example_tensors(tmp_path: Path) -> None:
     )
     with pytest.raises(UsageError, match="takes text, and has no example tensors"):
         runtime.example_inputs()
+
+
+def _refused_on(path: Path, topology: Topology, selection: DeviceSelection) -> DeviceExcluded:
+    events = EventBus()
+    recorded: list[Event] = []
+    events.subscribe(recorded.append)
+    ledger = ResourceLedger(name="devices")
+    with pytest.raises(DeviceExcluded) as info:
+        Omni(path, ledger=ledger, events=events, topology=topology, selection=selection)
+    assert not [event for event in recorded if isinstance(event, StageStarting)]
+    assert ledger.snapshot().is_empty
+    return info.value
+
+
+def test_excluding_the_cpu_refuses_a_local_engine_before_anything_starts(tmp_path: Path) -> None:
+    topology = discover_topology()
+    cpu = next(device for device in topology.devices if device.kind is DeviceKind.CPU)
+    excluded = DeviceSelection().exclude(topology, cpu.physical_id)
+    path = _pipeline(tmp_path, "      name: native.vllm.v1\n      model: tiny\n")
+    error = _refused_on(path, topology, excluded)
+    assert f"({cpu.physical_id}) which is excluded by your device selection" in str(error)
+
+
+def test_a_cuda_engine_needs_a_gpu_its_domain_reaches(tmp_path: Path) -> None:
+    path = _pipeline(
+        tmp_path,
+        "      name: native.vllm.v1\n      model: tiny\n      route: {name: gpu-llm, ep: cuda}\n",
+    )
+    # This machine has no CUDA GPU.
+    error = _refused_on(path, discover_topology(), DeviceSelection())
+    assert "targets CUDAExecutionProvider, but no" in str(error)
+    # A topology whose GPU is seen only from Windows refuses it to a WSL route.
+    windows_gpu = load_topology(TOPOLOGIES / "cpu-dgpu.yaml")
+    error = _refused_on(path, windows_gpu, DeviceSelection())
+    assert "route gpu-llm has os_domain 'posix'" in str(error)
+    assert "reached only from windows" in str(error)
+
+
+def test_a_cuda_engine_is_pinned_to_the_gpu_admission_chose() -> None:
+    topology = load_topology(TOPOLOGIES / "cpu-dgpu-wsl.yaml")
+    gpu = check_route_device(
+        topology,
+        DeviceSelection(),
+        ep="cuda",
+        target_provider=LlmRouteConfig(ep="cuda").target_provider,
+        stage="stage-0",
+        os_domain="posix",
+        route="gpu-llm",
+    )
+    assert gpu.kind is DeviceKind.DGPU
+    assert pinning_env("cuda", gpu.physical_id) == {"CUDA_VISIBLE_DEVICES": gpu.physical_id}
+    assert pinning_env("cpu", "CPU-x") == {}
+    # The vllm-cuda environment implies ep: cuda; anything else ep: cpu.
+    assert LlmRouteConfig(interpreter="env:vllm-cuda").ep == "cuda"
+    assert LlmRouteConfig().ep == "cpu"
