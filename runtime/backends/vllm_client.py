@@ -177,7 +177,9 @@ class VllmStageDetail:
                 "ep": spec.route.ep,
                 "device_id": spec.route.device_id,
                 "pinned": {
-                    name: spec.route.env[name] for name in PINNING_VARIABLES if name in spec.route.env
+                    name: spec.route.env[name]
+                    for name in PINNING_VARIABLES
+                    if name in spec.route.env
                 },
             },
             "reservation": None if self.reservation is None else self.reservation.to_json(),
