@@ -780,7 +780,9 @@ def sized_axis(manifest: ArtifactManifest, buckets: Sequence[Bucket]) -> SizedAx
         raise refuse(f"is {raw!r}")
     sizes: list[int] = []
     for bucket in buckets:
-        lengths = {_fixed_dims(spec)[axes[spec.name]] for spec in bucket.inputs if spec.name in axes}
+        lengths = {
+            _fixed_dims(spec)[axes[spec.name]] for spec in bucket.inputs if spec.name in axes
+        }
         if len(lengths) != 1:
             raise refuse(f"names axes of different lengths in bucket {bucket.to_json()}")
         sizes.append(next(iter(lengths)))
