@@ -15,7 +15,9 @@ utterance:
    the voice's validation record). Chunk sizes follow the schedule: a short first chunk for
    early audio, and the next, larger size only once the player is far enough ahead (the audio
    emitted leads the time since the first chunk by at least :data:`GROW_MARGIN` times the
-   measured time of the larger call); the last size repeats;
+   measured time of the larger call); the last size repeats, and a short rest of the utterance
+   (up to the context or the chunk's size) is taken with the chunk before it, under the same
+   condition, instead of paying a window's context alone;
 3. emits each chunk at once as an :class:`~runtime.engine.outputs.OmniRequestOutput` with
    ``finished=False`` and outputs ``pcm`` (float32, 1-D, mono), ``sample_rate``, ``chunk_index``
    (over the whole request), ``sentence_index`` and ``sentence_samples`` (the length of the
@@ -316,7 +318,8 @@ class _Pacer:
         assert self.seconds_per_frame is not None
         return self.seconds_per_frame * (self.schedule[level] + self.context_frames)
 
-    def next_size(self, lead_s: float, first: bool) -> int:
+    def next_size(self, lead_s: float, first: bool, remaining: int) -> int:
+        """Frames the next call keeps, of the ``remaining`` frames of its utterance."""
         if first or self.seconds_per_frame is None:
             return self.schedule[0 if first else self.level]
         top = len(self.schedule) - 1
@@ -324,7 +327,17 @@ class _Pacer:
             self.level += 1
         elif self.level > 0 and lead_s < self._cost(self.level):
             self.level -= 1
-        return self.schedule[self.level]
+        size = self.schedule[self.level]
+        rest = remaining - size
+        # A short rest is taken with this call rather than alone: one window's context fewer,
+        # within the largest size and when the player is far enough ahead for the longer call.
+        if (
+            0 < rest <= max(self.context_frames, size)
+            and remaining <= self.schedule[-1]
+            and lead_s >= GROW_MARGIN * self.seconds_per_frame * (remaining + self.context_frames)
+        ):
+            return remaining
+        return size
 
 
 class SpeechAdapter:
@@ -480,7 +493,9 @@ class SpeechAdapter:
                 start = 0
                 chunk_index = 0
                 while start < frames:
-                    size = pacer.next_size(timeline.lead_s(), first=timeline.chunks == 0)
+                    size = pacer.next_size(
+                        timeline.lead_s(), first=timeline.chunks == 0, remaining=frames - start
+                    )
                     chunk = settings.chunk(
                         chunk_index, start, size, frames, sized=self.sized_windows
                     )
