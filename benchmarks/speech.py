@@ -121,7 +121,8 @@ def measure(*, quick: bool, progress: Any = None) -> dict[str, Any]:
                         engine_first.append(float(engine["time_to_first_audio_s"]))
                         timings.append(dict(engine["timing"]))
                         chosen = {
-                            key: engine[key] for key in ("context", "windows", "overlap", "schedule")
+                            key: engine[key]
+                            for key in ("context", "windows", "overlap", "schedule")
                         }
                     else:
                         first, rtf = _piper_run(piper, text)
