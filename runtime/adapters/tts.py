@@ -15,9 +15,11 @@ utterance:
    the voice's validation record). Chunk sizes follow the schedule: a short first chunk for
    early audio, and the next, larger size only once the player is far enough ahead (the audio
    emitted leads the time since the first chunk by at least :data:`GROW_MARGIN` times the
-   measured time of the larger call); the last size repeats, and a short rest of the utterance
-   (up to the context or the chunk's size) is taken with the chunk before it, under the same
-   condition, instead of paying a window's context alone;
+   measured time of the larger call; with ``deterministic`` scales the sizes follow the
+   schedule in order instead, so the same text always gives the same samples); the last size
+   repeats, and a short rest of the utterance (up to the context or the chunk's size) is taken
+   with the chunk before it, under the same condition, instead of paying a window's context
+   alone;
 3. emits each chunk at once as an :class:`~runtime.engine.outputs.OmniRequestOutput` with
    ``finished=False`` and outputs ``pcm`` (float32, 1-D, mono), ``sample_rate``, ``chunk_index``
    (over the whole request), ``sentence_index`` and ``sentence_samples`` (the length of the
@@ -306,6 +308,9 @@ class _Pacer:
 
     schedule: tuple[int, ...]
     context_frames: int
+    #: False: the schedule in order and no timing involved, so the chunks (and the float
+    #: rounding at their joins) are the same on every run of the same text.
+    adaptive: bool = True
     level: int = 0
     seconds_per_frame: float | None = None
 
@@ -320,10 +325,15 @@ class _Pacer:
 
     def next_size(self, lead_s: float, first: bool, remaining: int) -> int:
         """Frames the next call keeps, of the ``remaining`` frames of its utterance."""
-        if first or self.seconds_per_frame is None:
-            return self.schedule[0 if first else self.level]
         top = len(self.schedule) - 1
-        if self.level < top and lead_s >= GROW_MARGIN * self._cost(self.level + 1):
+        if first:
+            self.level = 0
+            return self.schedule[0]
+        if not self.adaptive:
+            self.level = min(self.level + 1, top)
+        elif self.seconds_per_frame is None:
+            return self.schedule[self.level]
+        elif self.level < top and lead_s >= GROW_MARGIN * self._cost(self.level + 1):
             self.level += 1
         elif self.level > 0 and lead_s < self._cost(self.level):
             self.level -= 1
@@ -334,7 +344,11 @@ class _Pacer:
         if (
             0 < rest <= max(self.context_frames, size)
             and remaining <= self.schedule[-1]
-            and lead_s >= GROW_MARGIN * self.seconds_per_frame * (remaining + self.context_frames)
+            and (
+                not self.adaptive
+                or lead_s
+                >= GROW_MARGIN * (self.seconds_per_frame or 0.0) * (remaining + self.context_frames)
+            )
         ):
             return remaining
         return size
@@ -401,6 +415,9 @@ class SpeechAdapter:
         else:
             assert not isinstance(scales, str)
             self.scales = scales
+        #: Chunk sizes follow the player's lead; with deterministic scales they follow the
+        #: schedule in order instead, so the same text gives the same samples every time.
+        self.adaptive_chunks = scales != "deterministic" and self.scales[0] + self.scales[2] > 0
         self.sample_rate = voice.sample_rate
         self.samples_per_frame = settings.samples_per_frame
         decoder_route = config.stages[DECODER_STAGE].backend
@@ -471,7 +488,7 @@ class SpeechAdapter:
     async def run(self, ctx: RequestContext, plan: SpeechPlan) -> None:
         timeline = _Timeline(submitted_at=ctx.request.submitted_at, sample_rate=self.sample_rate)
         settings = self.bundles.decoder_settings
-        pacer = _Pacer(self.schedule, sum(settings.context))
+        pacer = _Pacer(self.schedule, sum(settings.context), adaptive=self.adaptive_chunks)
         sentences = plan.sentences
         decoder_name = ctx.stage_name(DECODER_STAGE)
         prefetched: asyncio.Task[CallResult] | None = None

@@ -14,7 +14,7 @@ import pytest
 from piper import SynthesisConfig
 
 from runtime.adapters.speak import NotASpeechPipeline, speak
-from runtime.adapters.tts import SpeechAdapter, SpeechOptions, SpeechOptionsError
+from runtime.adapters.tts import SpeechAdapter, SpeechOptions, SpeechOptionsError, _Pacer
 from runtime.adapters.tts_text import SpeechInputError, SpeechPlan, Utterance
 from runtime.adapters.voice_export import acoustic_inputs, snr_db
 from runtime.api import AsyncOmni, Omni
@@ -519,3 +519,42 @@ def test_overlap_follows_the_thread_plan(exported: Exported) -> None:
     always = speak_config(exported, overlap_sentences=True)
     assert always.adapter is not None
     assert SpeechAdapter(always, always.adapter.options).overlap is True
+
+
+def test_chunks_grow_with_the_players_lead_and_shrink_when_it_runs_short() -> None:
+    pacer = _Pacer((16, 32, 64, 128, 256), context_frames=44)
+    assert pacer.next_size(0.0, first=True, remaining=500) == 16
+    pacer.measured(60, 0.06)  # 1 ms per window frame
+    # The next size costs (32 + 44) ms: it is taken once the lead is twice that.
+    assert pacer.next_size(0.1, first=False, remaining=484) == 16
+    assert pacer.next_size(0.16, first=False, remaining=468) == 32
+    assert pacer.next_size(0.5, first=False, remaining=400) == 64
+    assert pacer.next_size(5.0, first=False, remaining=400) == 128
+    assert pacer.next_size(5.0, first=False, remaining=400) == 256
+    # The lead no longer covers one call of this size: one size down.
+    assert pacer.next_size(0.2, first=False, remaining=400) == 128
+    # A short rest goes with this chunk when the player is far enough ahead for it.
+    assert pacer.next_size(0.5, first=False, remaining=170) == 170
+    assert pacer.next_size(0.2, first=False, remaining=170) == 128
+
+
+def test_deterministic_chunks_follow_the_schedule_whatever_the_timing() -> None:
+    for lead in (0.0, 0.1, 10.0):
+        pacer = _Pacer((16, 32, 128), context_frames=44, adaptive=False)
+        sizes = [pacer.next_size(lead, first=True, remaining=1000)]
+        pacer.measured(60, 0.06 if lead else 5.0)
+        sizes += [pacer.next_size(lead, first=False, remaining=r) for r in (984, 952, 824, 150)]
+        assert sizes == [16, 32, 128, 128, 128]
+        # A short rest goes with the chunk before it, whatever the lead.
+        pacer = _Pacer((16, 32, 128), context_frames=44, adaptive=False)
+        pacer.next_size(lead, first=True, remaining=76)
+        assert pacer.next_size(lead, first=False, remaining=60) == 60
+
+
+def test_deterministic_scales_make_chunking_follow_the_schedule(
+    adapter: SpeechAdapter, exported: Exported
+) -> None:
+    assert adapter.adaptive_chunks
+    config = speak_config(exported, scales="deterministic")
+    assert config.adapter is not None
+    assert not SpeechAdapter(config, config.adapter.options).adaptive_chunks
