@@ -13,9 +13,9 @@ utterance:
    shapes, or padded to a fixed bucket on routes that need static shapes. Only the samples of
    the kept frames are used, so the chunks join into what one whole decode gives (to the SNR in
    the voice's validation record). Chunk sizes follow the schedule: a short first chunk for
-   early audio, and the next, larger size only once the player is far enough ahead (the audio
-   emitted leads the time since the first chunk by at least :data:`GROW_MARGIN` times the
-   measured time of the larger call; with ``deterministic`` scales the sizes follow the
+   early audio, then the largest size of the schedule the player is far enough ahead for (the
+   audio emitted leads the time since the first chunk by at least :data:`GROW_MARGIN` times the
+   measured time of that call), a smaller one when the lead no longer covers a call; with ``deterministic`` scales the sizes follow the
    schedule in order instead, so the same text always gives the same samples); the last size
    repeats, and a short rest of the utterance (up to the context or the chunk's size) is taken
    with the chunk before it, under the same condition, instead of paying a window's context
@@ -333,10 +333,11 @@ class _Pacer:
             self.level = min(self.level + 1, top)
         elif self.seconds_per_frame is None:
             return self.schedule[self.level]
-        elif self.level < top and lead_s >= GROW_MARGIN * self._cost(self.level + 1):
-            self.level += 1
-        elif self.level > 0 and lead_s < self._cost(self.level):
-            self.level -= 1
+        else:
+            while self.level < top and lead_s >= GROW_MARGIN * self._cost(self.level + 1):
+                self.level += 1
+            while self.level > 0 and lead_s < self._cost(self.level):
+                self.level -= 1
         size = self.schedule[self.level]
         rest = remaining - size
         # A short rest is taken with this call rather than alone: one window's context fewer,

@@ -528,13 +528,15 @@ def test_chunks_grow_with_the_players_lead_and_shrink_when_it_runs_short() -> No
     # The next size costs (32 + 44) ms: it is taken once the lead is twice that.
     assert pacer.next_size(0.1, first=False, remaining=484) == 16
     assert pacer.next_size(0.16, first=False, remaining=468) == 32
-    assert pacer.next_size(0.5, first=False, remaining=400) == 64
-    assert pacer.next_size(5.0, first=False, remaining=400) == 128
+    assert pacer.next_size(0.3, first=False, remaining=400) == 64
+    # Far ahead: straight to the largest size the lead pays for.
     assert pacer.next_size(5.0, first=False, remaining=400) == 256
-    # The lead no longer covers one call of this size: one size down.
+    # The lead no longer covers one call of this size: down to one it covers.
     assert pacer.next_size(0.2, first=False, remaining=400) == 128
+    assert pacer.next_size(0.09, first=False, remaining=400) == 32
+    assert pacer.next_size(0.5, first=False, remaining=400) == 128
     # A short rest goes with this chunk when the player is far enough ahead for it.
-    assert pacer.next_size(0.5, first=False, remaining=170) == 170
+    assert pacer.next_size(0.45, first=False, remaining=170) == 170
     assert pacer.next_size(0.2, first=False, remaining=170) == 128
 
 
