@@ -915,6 +915,10 @@ def check_call_inputs(
                 if len(buckets) == 1
                 else f"one of the fixed buckets ({accepted})"
             )
+            rule = next((one.sized for one in buckets if one.sized is not None), None)
+            if rule is not None:
+                axes = ", ".join(f"{name} axis {axis}" for name, axis in rule.inputs.items())
+                wanted += f", or any length from {rule.low} to {rule.high} along {axes}"
             raise WorkerError(
                 "bad_input",
                 f"input {name!r} has shape {list(array.shape)} ({given}); accepted: {wanted}",

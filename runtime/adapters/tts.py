@@ -12,14 +12,14 @@ utterance:
    :mod:`runtime.adapters.voice_export`), sized to the chunk on routes that accept dynamic
    shapes, or padded to a fixed bucket on routes that need static shapes. Only the samples of
    the kept frames are used, so the chunks join into what one whole decode gives (to the SNR in
-   the voice's validation record). Chunk sizes follow the schedule: a short first chunk for
-   early audio, then the largest size of the schedule the player is far enough ahead for (the
-   audio emitted leads the time since the first chunk by at least :data:`GROW_MARGIN` times the
-   measured time of that call), a smaller one when the lead no longer covers a call; with ``deterministic`` scales the sizes follow the
-   schedule in order instead, so the same text always gives the same samples); the last size
-   repeats, and a short rest of the utterance (up to the context or the chunk's size) is taken
-   with the chunk before it, under the same condition, instead of paying a window's context
-   alone;
+   the voice's validation record). Chunk sizes come from the schedule: a short first chunk
+   for early audio, then the largest size the player is far enough ahead for (the audio
+   emitted leads the time since the first chunk by at least :data:`GROW_MARGIN` times the
+   measured time of that call), a smaller one when the lead no longer covers a call; a short
+   rest of the utterance (up to the context or the chunk's size) goes with the chunk before
+   it, under the same condition, instead of paying a window's context alone. With
+   ``deterministic`` scales the sizes follow the schedule in order (the last one repeating),
+   so the same text always gives the same samples;
 3. emits each chunk at once as an :class:`~runtime.engine.outputs.OmniRequestOutput` with
    ``finished=False`` and outputs ``pcm`` (float32, 1-D, mono), ``sample_rate``, ``chunk_index``
    (over the whole request), ``sentence_index`` and ``sentence_samples`` (the length of the
@@ -119,8 +119,8 @@ SCALES_KEYWORDS: Final = ("voice", "deterministic")
 WINDOW_KEYWORDS: Final = ("auto", "sized", "buckets")
 #: Execution providers that run a graph on inputs of any length without recompiling it.
 SIZED_WINDOW_PROVIDERS: Final = frozenset({"CPUExecutionProvider"})
-#: The decoder moves to the next chunk size once the player's lead is this many times the
-#: measured time of the larger call.
+#: The decoder takes a chunk size once the player's lead is this many times the measured
+#: time of that call.
 GROW_MARGIN: Final = 2.0
 MAX_SENTENCE_SILENCE_S: Final = 10.0
 #: The decoder bundle's audio output.

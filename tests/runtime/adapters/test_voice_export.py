@@ -513,6 +513,10 @@ def test_a_decoder_worker_refuses_windows_outside_its_sized_range(exported: Expo
             assert isinstance(error, ErrorMessage), error
             assert error.code == "bad_input"
             assert not error.fatal
+            low, high = settings.buckets[0], settings.buckets[-1]
+            assert (
+                f"or any length from {low} to {high} along mask axis 2, z axis 2" in error.message
+            )
         worker.channel.send_message(ShutdownMessage())
         worker.read()
 
