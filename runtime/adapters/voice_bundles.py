@@ -3,6 +3,7 @@ settings an adapter drives them with."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -97,6 +98,17 @@ def _int_list(value: object) -> tuple[int, ...] | None:
     if not isinstance(value, list) or not all(type(v) is int and v > 0 for v in value):
         return None
     return tuple(value)
+
+
+def export_format_of(manifest: Path) -> object:
+    """The ``voice_export_format`` a voice bundle's manifest names (None when unreadable);
+    read without verifying the bundle, to tell a previous release's export from a current one."""
+    try:
+        document = json.loads(Path(manifest).read_bytes())
+    except (OSError, ValueError):
+        return None
+    metadata = document.get("metadata") if isinstance(document, dict) else None
+    return metadata.get("voice_export_format") if isinstance(metadata, dict) else None
 
 
 def load_voice_bundles(root: Path) -> VoiceBundles:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import json
 import math
 import os
 import shutil
@@ -58,6 +57,7 @@ from runtime.adapters.voice_bundles import (
     AcousticSettings,
     DecoderSettings,
     VoiceBundles,
+    export_format_of,
     load_voice_bundles,
     read_voice_bundles,
 )
@@ -628,16 +628,6 @@ def _current(root: Path, installed: InstalledVoice) -> VoiceBundles | None:
     return bundles if bundles.checkpoint_revision.startswith(prefix) else None
 
 
-def _export_format(root: Path) -> object:
-    """The export format a voice folder's decoder manifest names (None when unreadable)."""
-    try:
-        document = json.loads((root / "decoder" / MANIFEST_NAME).read_bytes())
-    except (OSError, ValueError):
-        return None
-    metadata = document.get("metadata") if isinstance(document, dict) else None
-    return metadata.get("voice_export_format") if isinstance(metadata, dict) else None
-
-
 def ensure_voice_bundles(
     voice: str = "joe",
     root: Path | None = None,
@@ -654,7 +644,7 @@ def ensure_voice_bundles(
     if existing is not None:
         return existing
     if progress is not None:
-        older = _export_format(target)
+        older = export_format_of(target / "decoder" / MANIFEST_NAME)
         why = (
             f"; its bundles at {target} are of export format {older}, this release writes "
             f"format {EXPORT_FORMAT}"
