@@ -8,6 +8,11 @@ streams). Those callbacks run on runtime threads; the bridge turns what they car
 values from :mod:`app.models` with :mod:`app.presenters` and emits Qt signals, which Qt queues
 onto the GUI thread. Widgets only ever see those values, so the GUI never waits on the runtime.
 
+A run's audio does not wait for the GUI thread: where the window gave the bridge an audio
+sink (:meth:`RuntimeBridge.set_audio_sink`, the studio's ``AudioOutput``), each chunk is queued
+for playback on the runtime thread that delivered it, before the GUI sees it; the GUI then
+only draws it (``ReceivedAudio.queued``).
+
 State that belongs to the GUI (``state``, the current request) is touched only on the GUI
 thread; state that belongs to the runtime (the orchestrator) only in control jobs, which
 run one at a time in submission order.
@@ -15,12 +20,14 @@ run one at a time in submission order.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
 from PySide6.QtCore import QObject, Qt, Signal
 
 from app.control import ControlThread, LogForwarder
@@ -56,7 +63,7 @@ from runtime.devices import (
     selection_path,
 )
 from runtime.engine.orchestrator import Orchestrator
-from runtime.engine.outputs import END, OmniRequestOutput
+from runtime.engine.outputs import END, AudioChunk, OmniRequestOutput
 from runtime.errors import ModelError, OmniError, RequestCancelled, UsageError
 from runtime.events import (
     Event,
@@ -103,6 +110,36 @@ class _Session:
 # ----------------------------------------------------------------------------- the bridge
 
 
+class AudioSink(Protocol):
+    """Where a run's PCM goes for playback, from any thread (``app.playback.AudioOutput``)."""
+
+    def begin(self, request_id: str) -> None:
+        """Take chunks of ``request_id`` from now on (GUI thread, before any arrives)."""
+
+    def feed(self, pcm: np.ndarray, sample_rate: int, *, request_id: str | None = None) -> None:
+        """Queue one chunk (any thread); a chunk of another request than the current is dropped."""
+
+
+def _queue_audio(sink: AudioSink, request_id: str, done: cf.Future[Any]) -> bool:
+    """Feed an output's audio to ``sink`` on the thread that delivered it; True when fed."""
+    if done.cancelled() or done.exception() is not None:
+        return False
+    item = done.result()
+    if not isinstance(item, OmniRequestOutput):
+        return False
+    try:
+        audio = AudioChunk.from_output(item)
+    except ModelError:
+        return False  # the GUI reports it when it turns the output into values
+    if audio is None or not audio.pcm.size:
+        return False
+    try:
+        sink.feed(np.array(audio.pcm, dtype=np.float32), audio.sample_rate, request_id=request_id)
+    except ValueError:
+        return False  # a chunk at another rate: the GUI reports it
+    return True
+
+
 class RuntimeBridge(QObject):
     """The studio's runtime: one ledger, one loaded pipeline at a time, signals out.
 
@@ -128,7 +165,7 @@ class RuntimeBridge(QObject):
     shut_down = Signal()
 
     _posted = Signal(object)
-    _stream_item = Signal(str, object, float)
+    _stream_item = Signal(str, object, float, bool)
 
     def __init__(
         self,
@@ -149,6 +186,7 @@ class RuntimeBridge(QObject):
         self._request: Request | None = None
         self._metrics = RunMetrics()
         self._cancel_after_load = False
+        self._audio_sink: AudioSink | None = None
         # Control-thread state.
         self._session: _Session | None = None
         self._ctl_topology: Topology | None = None
@@ -472,7 +510,7 @@ class RuntimeBridge(QObject):
         self.run_started.emit(request.request_id)
         if self._cancel_after_load and self._state is RunState.CANCELLING:
             self._submit(partial(self._cancel_job, request.request_id))
-        self._watch(request)
+        self._watch(request, first=True)
 
     def _request_failed(self, error: OmniError) -> None:
         if self._state in (RunState.CLOSING, RunState.CLOSED):
@@ -481,14 +519,27 @@ class RuntimeBridge(QObject):
         self._finish_run(RunOutcome(None, "failed", str(error)))
         self._set_state(RunState.LOADED if self._loaded else RunState.READY)
 
-    def _watch(self, request: Request) -> None:
-        request_id = request.request_id
-        future = request.stream.next_future()
-        future.add_done_callback(
-            lambda done: self._stream_item.emit(request_id, done, time.monotonic())
-        )
+    def set_audio_sink(self, sink: AudioSink | None) -> None:
+        """Queue each run's audio on ``sink`` as it arrives, off the GUI thread (GUI thread)."""
+        self._audio_sink = sink
 
-    def _on_stream_item(self, request_id: str, future: cf.Future[object], at: float) -> None:
+    def _watch(self, request: Request, *, first: bool = False) -> None:
+        request_id = request.request_id
+        sink = self._audio_sink
+        if first and sink is not None:
+            sink.begin(request_id)
+        future = request.stream.next_future()
+
+        def delivered(done: cf.Future[Any]) -> None:
+            # A runtime thread: the audio goes to the player before the GUI hears of it.
+            queued = sink is not None and _queue_audio(sink, request_id, done)
+            self._stream_item.emit(request_id, done, time.monotonic(), queued)
+
+        future.add_done_callback(delivered)
+
+    def _on_stream_item(
+        self, request_id: str, future: cf.Future[object], at: float, queued: bool
+    ) -> None:
         item = future.result()
         request = self._request
         if request is None or request.request_id != request_id:
@@ -497,7 +548,7 @@ class RuntimeBridge(QObject):
             return
         if isinstance(item, OmniRequestOutput):
             try:
-                self._deliver(item, at)
+                self._deliver(item, at, queued)
             finally:
                 item.release_stage_buffers()
             self._watch(request)
@@ -510,7 +561,7 @@ class RuntimeBridge(QObject):
                 self.error.emit(error_info(item))
             self._request_ended(RunOutcome(request_id, "failed", str(item)))
 
-    def _deliver(self, output: OmniRequestOutput, at: float) -> None:
+    def _deliver(self, output: OmniRequestOutput, at: float, queued: bool = False) -> None:
         try:
             items, metrics = self._metrics.received(output, at, time.monotonic())
         except ModelError as exc:
@@ -518,7 +569,7 @@ class RuntimeBridge(QObject):
             return
         for item in items:
             if isinstance(item, ReceivedAudio):
-                self.audio_chunk.emit(item)
+                self.audio_chunk.emit(dataclasses.replace(item, queued=queued) if queued else item)
             elif isinstance(item, TextChunk):
                 self.text_chunk.emit(item)
             else:

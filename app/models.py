@@ -295,6 +295,8 @@ class ReceivedAudio:
     pcm: np.ndarray
     sample_rate: int
     received_s: float  # seconds after the request was submitted
+    #: Already queued for playback off the GUI thread (by the bridge, as it arrived).
+    queued: bool = False
 
     @property
     def duration_s(self) -> float:

@@ -1,7 +1,8 @@
 """Playback of a request's streamed audio through the runtime's ``AudioPlayer``.
 
 ``AudioOutput`` keeps every sample of the current request, so playback can start while
-chunks still arrive, pause, resume, and start again from the beginning. One
+chunks still arrive (fed from any thread: the studio's bridge feeds it on the runtime thread
+that delivered each chunk, so audio never waits for the GUI), pause, resume, and start again from the beginning. One
 ``AudioPlayer`` is made per playback; a feeder thread (owned here, joined on stop) is its
 producer, because ``feed`` waits while the player's buffer is full and the GUI must not.
 ``pause`` and ``resume`` only set a flag; ``start`` opens the device and ``stop`` ends the
@@ -41,6 +42,7 @@ class AudioOutput:
         self._frames = 0
         self._sample_rate = 0
         self._ended = False
+        self._request_id: str | None = None
         self._player: AudioPlayer | None = None
         self._queue: queue.SimpleQueue[object] | None = None
         self._feeder: threading.Thread | None = None
@@ -68,10 +70,20 @@ class AudioOutput:
             self._frames = 0
             self._sample_rate = 0
             self._ended = False
+            self._request_id = None
 
-    def feed(self, pcm: np.ndarray, sample_rate: int) -> None:
+    def begin(self, request_id: str) -> None:
+        """Take the chunks of ``request_id`` from now on; feeds naming another are dropped."""
+        with self._lock:
+            self._request_id = request_id
+
+    def feed(self, pcm: np.ndarray, sample_rate: int, *, request_id: str | None = None) -> None:
+        """Queue one chunk (any thread). A chunk naming a request other than the one begun
+        (a late chunk of an earlier run) is dropped."""
         samples = np.ascontiguousarray(pcm, dtype=np.float32).reshape(-1)
         with self._lock:
+            if request_id is not None and request_id != self._request_id:
+                return
             if self._sample_rate and sample_rate != self._sample_rate:
                 raise ValueError(
                     f"a chunk at {sample_rate} Hz follows chunks at {self._sample_rate} Hz"

@@ -77,6 +77,7 @@ class MainWindow(QMainWindow):
         )
         self.bridge.setParent(self)
         self.audio = audio if audio is not None else AudioOutput()
+        self.bridge.set_audio_sink(self.audio)
         self.stall_monitor = StallMonitor(parent=self)
         self._shutting_down = False
         self.setWindowTitle(APP_TITLE)

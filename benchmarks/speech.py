@@ -13,7 +13,11 @@ For each text and repeat, in one run and interleaved (so a busy machine slows bo
   first sentence's audio, its real-time factor the whole text's time over its duration.
 
 Both use the voice's own noise settings. Medians over repeats are reported per text, and over
-every run for the figures; goals: first audio at most 1.5 times Piper's first sentence, and a
+every run for the figures. Where the pipeline's time went comes from each request's ``timing``
+(see :mod:`runtime.adapters.tts`): the medians over every run of the acoustic and decoder
+calls' model and transport time, the waits for the caller and the adapter's own work, each as
+a share of the request's wall time, with the decoder's window frames per kept frame, its time
+per window frame and the context, windows and overlap the adapter chose; goals: first audio at most 1.5 times Piper's first sentence, and a
 real-time factor of at most 0.1. Goals are reported, never asserted. The JSON goes to
 ``benchmarks/results/speech.json`` (or ``--out``); the suite calls
 :func:`run_speech_benchmark`.
@@ -94,6 +98,8 @@ def measure(*, quick: bool, progress: Any = None) -> dict[str, Any]:
         name: {"first": [], "rtf": [], "piper_first": [], "piper_rtf": []} for name in names
     }
     engine_first: list[float] = []
+    timings: list[dict[str, Any]] = []
+    chosen: dict[str, Any] = {}
     config = load_pipeline(SPEAK_PIPELINE)
     started = time.perf_counter()
     with Omni(config, topology=discover_topology(), selection=DeviceSelection()) as omni:
@@ -113,6 +119,11 @@ def measure(*, quick: bool, progress: Any = None) -> dict[str, Any]:
                         runs["first"].append(first)
                         runs["rtf"].append(rtf)
                         engine_first.append(float(engine["time_to_first_audio_s"]))
+                        timings.append(dict(engine["timing"]))
+                        chosen = {
+                            key: engine[key]
+                            for key in ("context", "windows", "overlap", "schedule")
+                        }
                     else:
                         first, rtf = _piper_run(piper, text)
                         runs["piper_first"].append(first)
@@ -146,6 +157,8 @@ def measure(*, quick: bool, progress: Any = None) -> dict[str, Any]:
             for name, runs in per_text.items()
         },
         "engine_time_to_first_audio_s": _median(engine_first),
+        "adapter": chosen,
+        "time_shares": _time_shares(timings),
         "figures": {
             "time_to_first_audio": _figure(
                 first, first_base, f"ratio <= {FIRST_AUDIO_GOAL_RATIO}", first <= 1.5 * first_base
@@ -153,6 +166,33 @@ def measure(*, quick: bool, progress: Any = None) -> dict[str, Any]:
             "real_time_factor": _figure(rtf, rtf_base, f"<= {RTF_GOAL}", rtf <= RTF_GOAL),
         },
     }
+
+
+#: The parts of a request's wall time the benchmark reports, by ``timing`` key.
+TIME_PARTS: Final = (
+    "acoustic_run_s",
+    "acoustic_transfer_s",
+    "decoder_run_s",
+    "decoder_transfer_s",
+    "emit_s",
+    "adapter_s",
+)
+
+
+def _time_shares(timings: list[dict[str, Any]]) -> dict[str, float]:
+    """Medians over the runs: each part's share of the wall time, the decoder's window frames
+    per kept frame and its model time per window frame."""
+    shares: dict[str, float] = {}
+    for part in TIME_PARTS:
+        shares[part.removesuffix("_s")] = round(
+            _median([t[part] / t["wall_s"] for t in timings if t["wall_s"] > 0]), 4
+        )
+    shares["decoder_work_ratio"] = round(_median([t["decoder_work_ratio"] for t in timings]), 4)
+    shares["decoder_ms_per_window_frame"] = round(
+        1000 * _median([t["decoder_run_s"] / t["decoder_window_frames"] for t in timings]), 4
+    )
+    shares["decoder_calls"] = _median([float(t["decoder_calls"]) for t in timings])
+    return shares
 
 
 def _figure(measurement: float, baseline: float, goal: str, met: bool) -> dict[str, Any]:
@@ -202,6 +242,12 @@ def run_speech_benchmark(*, quick: bool) -> dict[str, object]:
     for name, text in document["texts"].items():
         details[f"{name}.time_to_first_audio_s"] = round(text["time_to_first_audio_s"], 4)
         details[f"{name}.real_time_factor"] = round(text["real_time_factor"], 4)
+    for part, share in document["time_shares"].items():
+        details[f"time.{part}"] = share
+    adapter = document["adapter"]
+    details["decoder.context_frames"] = adapter["context"][0]
+    details["decoder.windows"] = adapter["windows"]
+    details["overlap_sentences"] = adapter["overlap"]
     return details
 
 

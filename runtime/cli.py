@@ -323,6 +323,10 @@ def _run_text(args: argparse.Namespace, config: PipelineConfig) -> int:
             wav = writer.close()
     text = None if final is None else final.text
     engine = {} if final is None else {k: v for k, v in final.metrics.items() if k != "stages"}
+    # What the program measured (a speech request's timing breakdown, say) joins its calls.
+    for entry in metrics.get("requests", []):
+        if entry.get("request_id") == request_id and engine:
+            entry["program"] = engine
     written = [] if wav is None else [wav.name]
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)

@@ -82,16 +82,21 @@ _DATA_VOICE_MANIFEST = re.compile(r"(\$\{data\}/voices/([A-Za-z0-9._-]+)/[^\s'\"
 def missing_voices(pipeline: Path) -> list[str]:
     """Voices whose bundles ``pipeline`` names under ``${data}/voices/`` but that are found
     neither in the user data directory nor among the voices this installation ships (see
-    :func:`runtime.paths.voice_dir`); an unreadable file names none: loading it reports why."""
+    :func:`runtime.paths.voice_dir`), or are found in an older export format (a previous
+    release's export: it is exported again once); an unreadable file names none: loading it
+    reports why."""
+    from runtime.adapters.voice_bundles import EXPORT_FORMAT, export_format_of
+
     try:
         text = pipeline.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return []
-    missing = {
-        voice
-        for manifest, voice in _DATA_VOICE_MANIFEST.findall(text)
-        if not Path(expand_data_placeholder(manifest)).is_file()
-    }
+    missing = set()
+    for manifest, voice in _DATA_VOICE_MANIFEST.findall(text):
+        path = Path(expand_data_placeholder(manifest))
+        found = export_format_of(path) if path.is_file() else None
+        if not path.is_file() or (isinstance(found, int) and found != EXPORT_FORMAT):
+            missing.add(voice)
     return sorted(missing)
 
 

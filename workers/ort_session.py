@@ -10,6 +10,7 @@ so that it runs in a minimal worker environment.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -58,6 +59,7 @@ __all__ = [
     "OpenedGraph",
     "PlacementCounts",
     "RunningCall",
+    "SizedAxis",
     "TensorSpec",
     "WorkerError",
     "bucket_inputs",
@@ -68,6 +70,7 @@ __all__ = [
     "load_verified_graph",
     "open_graph",
     "placement_of",
+    "sized_axis",
     "spec_nbytes",
     "spec_of",
     "warm_up",
@@ -141,11 +144,62 @@ def _dtype_of(array: np.ndarray) -> DType:
 
 
 @dataclass(frozen=True, slots=True)
+class SizedAxis:
+    """One axis a bundle lets calls size freely (``metadata.sized_axis``), between its
+    smallest and largest warmed-up bucket. ``inputs`` names each input's axis (all the same
+    length in a call); ``outputs`` gives each output dimension that follows it as
+    ``(axis, scale, offset)``: ``size * scale + offset``, measured on the buckets at load."""
+
+    inputs: Mapping[str, int]
+    low: int
+    high: int
+    outputs: Mapping[str, tuple[int, int, int]]
+
+    def bucket_for(self, arrays: Mapping[str, np.ndarray], like: Bucket) -> Bucket | None:
+        """The bucket of ``arrays`` when they differ from ``like`` only along this axis, within
+        its range; None otherwise."""
+        size: int | None = None
+        inputs: list[TensorSpec] = []
+        for spec in like.inputs:
+            array = arrays.get(spec.name)
+            if array is None or array.dtype != _NUMPY_DTYPES[spec.dtype.value]:
+                return None
+            shape = tuple(int(dim) for dim in array.shape)
+            axis = self.inputs.get(spec.name)
+            if len(shape) != len(spec.shape):
+                return None
+            for index, (given, fixed) in enumerate(zip(shape, spec.shape, strict=True)):
+                if index == axis:
+                    if size is None:
+                        size = given
+                    elif given != size:
+                        return None
+                elif given != fixed:
+                    return None
+            inputs.append(TensorSpec(spec.name, spec.dtype, shape))
+        if size is None or len(arrays) != len(like.inputs) or not self.low <= size <= self.high:
+            return None
+        outputs = []
+        for spec in like.outputs:
+            dims = list(_fixed_dims(spec))
+            rule = self.outputs.get(spec.name)
+            if rule is not None:
+                axis, scale, offset = rule
+                dims[axis] = size * scale + offset
+            outputs.append(TensorSpec(spec.name, spec.dtype, tuple(dims)))
+        return Bucket(tuple(inputs), tuple(outputs))
+
+
+@dataclass(frozen=True, slots=True)
 class Bucket:
-    """The fixed input bucket (from the example inputs) and the outputs it produces."""
+    """The fixed input bucket (from the example inputs) and the outputs it produces.
+
+    ``sized`` (on one bucket of a bundle that declares ``metadata.sized_axis``) also accepts
+    inputs of any length along that axis within its range (see :class:`SizedAxis`)."""
 
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    sized: SizedAxis | None = None
 
     def __post_init__(self) -> None:
         for spec in (*self.inputs, *self.outputs):
@@ -475,6 +529,14 @@ def open_graph(
         )
         loaded = time.perf_counter()
         buckets = warm_up_buckets(session, graph.example_inputs, shapes)
+        sized = sized_axis(graph.manifest, buckets)
+        if sized is not None:
+            # The largest bucket carries the rule: sized calls are checked against its specs.
+            widest = max(range(len(buckets)), key=lambda i: buckets[i].io_nbytes)
+            buckets = tuple(
+                dataclasses.replace(one, sized=sized) if i == widest else one
+                for i, one in enumerate(buckets)
+            )
         warmed = time.perf_counter()
         placement = placement_of(session)
     largest = max(buckets, key=lambda one: one.io_nbytes)
@@ -683,6 +745,69 @@ def bucket_shapes(
     return (example, *(shape for shape in shapes if shape != example))
 
 
+def sized_axis(manifest: ArtifactManifest, buckets: Sequence[Bucket]) -> SizedAxis | None:
+    """The bundle's ``metadata.sized_axis`` (``{"inputs": {name: axis}}``), with its range and
+    output rule measured on the warmed-up ``buckets``; None when the bundle declares none.
+
+    Every bucket must differ from the others only along the named axes, and every output
+    dimension that changes must follow the axis's length as ``size * scale + offset``
+    (integers) on every bucket; otherwise the bundle is refused (``bad_manifest``)."""
+    raw = manifest.metadata.get("sized_axis")
+    if raw is None:
+        return None
+    accepted = (
+        '{"inputs": {input name: axis}} naming graph inputs, with at least two buckets that '
+        "differ only along those axes and outputs that follow them linearly"
+    )
+
+    def refuse(detail: str) -> WorkerError:
+        return WorkerError(
+            "bad_manifest",
+            f"metadata.sized_axis {detail}; accepted: {accepted}",
+            subject="metadata.sized_axis",
+        )
+
+    names = {spec.name: len(spec.shape) for spec in buckets[0].inputs}
+    axes = raw.get("inputs") if isinstance(raw, dict) and set(raw) == {"inputs"} else None
+    if (
+        not isinstance(axes, dict)
+        or not axes
+        or not all(
+            name in names and type(axis) is int and 0 <= axis < names[name]
+            for name, axis in axes.items()
+        )
+    ):
+        raise refuse(f"is {raw!r}")
+    sizes: list[int] = []
+    for bucket in buckets:
+        lengths = {
+            _fixed_dims(spec)[axes[spec.name]] for spec in bucket.inputs if spec.name in axes
+        }
+        if len(lengths) != 1:
+            raise refuse(f"names axes of different lengths in bucket {bucket.to_json()}")
+        sizes.append(next(iter(lengths)))
+    if len(set(sizes)) < 2:
+        raise refuse(f"has buckets of one length only ({sizes})")
+    order = sorted(range(len(buckets)), key=lambda i: sizes[i])
+    first, second = order[0], order[1]
+    rules: dict[str, tuple[int, int, int]] = {}
+    for position, spec in enumerate(buckets[first].outputs):
+        others = _fixed_dims(buckets[second].outputs[position])
+        for axis, dim in enumerate(_fixed_dims(spec)):
+            if others[axis] == dim:
+                continue
+            scale, rest = divmod(others[axis] - dim, sizes[second] - sizes[first])
+            if rest or spec.name in rules:
+                raise refuse(f"output {spec.name!r} does not follow the axis linearly")
+            rules[spec.name] = (axis, scale, dim - sizes[first] * scale)
+    for bucket, size in zip(buckets, sizes, strict=True):
+        for spec in bucket.outputs:
+            rule = rules.get(spec.name)
+            if rule is not None and _fixed_dims(spec)[rule[0]] != size * rule[1] + rule[2]:
+                raise refuse(f"output {spec.name!r} does not follow the axis linearly")
+    return SizedAxis(MappingProxyType(dict(axes)), min(sizes), max(sizes), MappingProxyType(rules))
+
+
 def _shapes_text(shapes: Mapping[str, tuple[int, ...]]) -> str:
     return "{" + ", ".join(f"{name}: {list(dims)}" for name, dims in shapes.items()) + "}"
 
@@ -747,6 +872,13 @@ def check_call_inputs(
             if total + candidate.output_nbytes <= max_io_bytes:
                 return candidate
             break
+    for candidate in buckets:
+        if candidate.sized is not None:
+            sized = candidate.sized.bucket_for(arrays, candidate)
+            if sized is not None:
+                total = sum(int(arrays[spec.name].nbytes) for spec in sized.inputs)
+                if total + sized.output_nbytes <= max_io_bytes:
+                    return sized
     matched = _matching_bucket(arrays, buckets) if len(buckets) > 1 else None
     bucket = buckets[0] if matched is None else matched
     expected = {spec.name: spec for spec in bucket.inputs}
@@ -783,6 +915,10 @@ def check_call_inputs(
                 if len(buckets) == 1
                 else f"one of the fixed buckets ({accepted})"
             )
+            rule = next((one.sized for one in buckets if one.sized is not None), None)
+            if rule is not None:
+                axes = ", ".join(f"{name} axis {axis}" for name, axis in rule.inputs.items())
+                wanted += f", or any length from {rule.low} to {rule.high} along {axes}"
             raise WorkerError(
                 "bad_input",
                 f"input {name!r} has shape {list(array.shape)} ({given}); accepted: {wanted}",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import TYPE_CHECKING
 
@@ -44,8 +45,13 @@ if TYPE_CHECKING:
     from app.playback import AudioOutput, OutputDevice
 
 
-#: The waveform redraws at most this often while chunks arrive.
+#: The waveform redraws at most this often while chunks arrive (and never faster than the
+#: screen refreshes).
 REDRAW_MS = 40
+#: Samples per envelope bin at first; the bins double whenever there are more than
+#: :data:`MAX_BINS`, so a redraw costs the same however long the audio grows.
+FIRST_BIN = 64
+MAX_BINS = 2048
 
 
 class StreamingTextView(QPlainTextEdit):
@@ -80,7 +86,12 @@ class StreamingTextView(QPlainTextEdit):
 
 
 class WaveformView(pg.PlotWidget):  # type: ignore[misc]  # pyqtgraph has no type hints
-    """A waveform that grows as audio chunks arrive (seconds on x, amplitude on y)."""
+    """A waveform that grows as audio chunks arrive (seconds on x, amplitude on y).
+
+    Each chunk is folded into a min/max envelope as it arrives (work proportional to the
+    chunk); the curve draws that envelope, at most :data:`MAX_BINS` bins of two points each,
+    on a timer no faster than the display, so neither a chunk nor a redraw costs more as the
+    audio grows."""
 
     grew = Signal(int)  # samples drawn
 
@@ -92,12 +103,12 @@ class WaveformView(pg.PlotWidget):  # type: ignore[misc]  # pyqtgraph has no typ
         self.sample_rate = 0
         self.chunks = 0
         self.drawn_samples = 0
-        self._times = np.zeros(0)
-        self._chunk_lines: list[pg.InfiniteLine] = []
+        self._reset_envelope()
+        self._boundaries: list[float] = []
         # Chunks can arrive faster than the screen refreshes; redraw at most every REDRAW_MS.
         self._redraw = QTimer(self)
         self._redraw.setSingleShot(True)
-        self._redraw.setInterval(REDRAW_MS)
+        self._redraw.setInterval(self._redraw_interval_ms())
         self._redraw.timeout.connect(self._draw)
         plot = self.getPlotItem()
         plot.setMenuEnabled(False)
@@ -107,9 +118,20 @@ class WaveformView(pg.PlotWidget):  # type: ignore[misc]  # pyqtgraph has no typ
         plot.setYRange(-1.0, 1.0, padding=0.05)
         plot.setMouseEnabled(x=True, y=False)
         self.curve = plot.plot([], [])
-        self.curve.setDownsampling(auto=True, method="peak")
-        self.curve.setClipToView(True)
+        self.boundary_curve = plot.plot([], [], connect="pairs")
         self._restyle()
+
+    def _redraw_interval_ms(self) -> int:
+        screen = self.screen()
+        rate = screen.refreshRate() if screen is not None else 0.0
+        return max(REDRAW_MS, math.ceil(1000.0 / rate)) if rate > 0 else REDRAW_MS
+
+    def _reset_envelope(self) -> None:
+        self._bin = FIRST_BIN
+        self._mins = np.zeros(0, np.float32)
+        self._maxs = np.zeros(0, np.float32)
+        self._bins = 0
+        self._binned = 0  # samples folded into full bins
 
     @property
     def duration_s(self) -> float:
@@ -119,18 +141,22 @@ class WaveformView(pg.PlotWidget):  # type: ignore[misc]  # pyqtgraph has no typ
     def sample_count(self) -> int:
         return self._length
 
+    @property
+    def bin_samples(self) -> int:
+        """Samples per envelope bin now."""
+        return self._bin
+
     def clear_audio(self) -> None:
         self.samples = np.zeros(0, np.float32)
         self._length = 0
         self.sample_rate = 0
         self.chunks = 0
         self.drawn_samples = 0
-        self._times = np.zeros(0)
+        self._reset_envelope()
+        self._boundaries.clear()
         self._redraw.stop()
-        for line in self._chunk_lines:
-            self.removeItem(line)
-        self._chunk_lines.clear()
         self.curve.setData([], [])
+        self.boundary_curve.setData([], [])
 
     def append_chunk(self, chunk: ReceivedAudio) -> None:
         """Add a chunk; the curve redraws within REDRAW_MS (``grew`` fires when it has)."""
@@ -148,21 +174,63 @@ class WaveformView(pg.PlotWidget):  # type: ignore[misc]  # pyqtgraph has no typ
             grown[: self._length] = self.samples[: self._length]
             self.samples = grown
         if self._length:
-            line = pg.InfiniteLine(
-                self._length / self.sample_rate, angle=90, pen=self._boundary_pen()
-            )
-            self.addItem(line)
-            self._chunk_lines.append(line)
+            self._boundaries.append(self._length / self.sample_rate)
         self.samples[self._length : needed] = chunk.pcm
         self._length = needed
         self.chunks += 1
+        self._fold()
         if not self._redraw.isActive():
             self._redraw.start()
 
+    def _fold(self) -> None:
+        """Fold the samples that complete bins into the envelope; halve it when too long."""
+        full = (self._length - self._binned) // self._bin
+        if full:
+            block = self.samples[self._binned : self._binned + full * self._bin]
+            block = block.reshape(full, self._bin)
+            needed = self._bins + full
+            if needed > self._mins.size:
+                size = max(needed, 2 * self._mins.size, 256)
+                self._mins = np.resize(self._mins, size)
+                self._maxs = np.resize(self._maxs, size)
+            self._mins[self._bins : needed] = block.min(axis=1)
+            self._maxs[self._bins : needed] = block.max(axis=1)
+            self._bins = needed
+            self._binned += full * self._bin
+        while self._bins > MAX_BINS:
+            pairs = self._bins // 2
+            self._mins[:pairs] = np.minimum(
+                self._mins[0 : 2 * pairs : 2], self._mins[1 : 2 * pairs : 2]
+            )
+            self._maxs[:pairs] = np.maximum(
+                self._maxs[0 : 2 * pairs : 2], self._maxs[1 : 2 * pairs : 2]
+            )
+            # An odd last bin goes back to the samples not yet folded.
+            self._binned -= (self._bins - 2 * pairs) * self._bin
+            self._bins = pairs
+            self._bin *= 2
+
+    def envelope(self) -> tuple[np.ndarray, np.ndarray]:
+        """What the curve draws: times and values, a (min, max) pair per bin, then the samples
+        not yet in a full bin as one more pair."""
+        mins, maxs = self._mins[: self._bins], self._maxs[: self._bins]
+        tail = self.samples[self._binned : self._length]
+        if tail.size:
+            mins = np.append(mins, tail.min())
+            maxs = np.append(maxs, tail.max())
+        starts = np.arange(mins.size, dtype=np.float64) * self._bin
+        values = np.empty(2 * mins.size, np.float32)
+        values[0::2] = mins
+        values[1::2] = maxs
+        times = np.repeat((starts + self._bin / 2) / max(1, self.sample_rate), 2)
+        return times, values
+
     def _draw(self) -> None:
-        if self._times.size < self._length:
-            self._times = np.arange(self.samples.size, dtype=np.float64) / self.sample_rate
-        self.curve.setData(self._times[: self._length], self.samples[: self._length])
+        times, values = self.envelope()
+        self.curve.setData(times, values)
+        marks = np.repeat(np.asarray(self._boundaries, dtype=np.float64), 2)
+        heights = np.tile(np.array([-1.0, 1.0]), len(self._boundaries))
+        self.boundary_curve.setData(marks, heights, connect="pairs")
         self.getPlotItem().setXRange(0.0, max(self.duration_s, 0.5), padding=0.01)
         self.drawn_samples = self._length
         self.grew.emit(self._length)
@@ -176,6 +244,7 @@ class WaveformView(pg.PlotWidget):  # type: ignore[misc]  # pyqtgraph has no typ
         palette = self.palette()
         self.setBackground(palette.color(QPalette.ColorRole.Base))
         self.curve.setPen(pg.mkPen(palette.color(QPalette.ColorRole.Highlight), width=1))
+        self.boundary_curve.setPen(self._boundary_pen())
         axis_pen = pg.mkPen(palette.color(QPalette.ColorRole.Text))
         for name in ("left", "bottom"):
             axis = self.getPlotItem().getAxis(name)
@@ -289,7 +358,10 @@ class PlaybackControls(QWidget):
         self.refresh()
 
     def add_chunk(self, chunk: ReceivedAudio) -> None:
-        self.output.feed(chunk.pcm, chunk.sample_rate)
+        if not chunk.queued:
+            # The bridge queues a run's audio for playback on the runtime's thread; only
+            # chunks that did not come that way are fed here.
+            self.output.feed(chunk.pcm, chunk.sample_rate)
         if self.auto_play.isChecked() and self.available and self.output.state == "stopped":
             self.play()
         self.refresh()

@@ -27,7 +27,7 @@ A request is text (the prompt) or ``{"text": str, <sampling options>...}`` (see
 :func:`~runtime.engine.program.parse_text_request`).
 
 Adapter options (``adapter.options``): the speech adapter's (``voice``, ``schedule``,
-``scales``, ``sentence_silence_s``, ``overlap_sentences``) and
+``scales``, ``sentence_silence_s``, ``overlap_sentences``, ``windows``) and
 
 ``min_sentence_chars``
     A sentence shorter than this waits to be spoken with the next one (default 24).
@@ -252,6 +252,10 @@ class ChatSpeakProgram:
             else dataclasses.replace(adapter, options=speech_options),
         )
         self.speech = SpeechAdapter(speech_config, speech_options)
+        if self.speech.options.overlap_sentences == "auto":
+            # The language model shares the cores with the speech stages (plan_threads), so
+            # the thread plan gives them no cores of their own to overlap on.
+            self.speech.overlap = False
         self.sample_rate = self.speech.sample_rate
 
     def prepare(self, request_input: object) -> TextRequest:

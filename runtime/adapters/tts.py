@@ -7,35 +7,49 @@ utterance:
 
 1. calls the acoustic stage once: phoneme ids zero-padded to the smallest fitting bucket ->
    latent frames ``z`` and the frame mask;
-2. calls the decoder stage once per chunk of frames, following the chunk schedule (a short
-   first chunk for early audio, then growing chunks; the last size repeats). Each call is one
-   fixed window bucket with context frames on both sides, and only the samples of the kept
-   frames are used, so the chunks join into what one whole decode gives (the export's
-   validation and the tests hold the joins to ONNX Runtime's float noise, about 1e-5);
+2. calls the decoder stage once per chunk of frames. Each call decodes a window: the chunk plus
+   the voice's context frames on both sides (chosen at export by measuring the joins, see
+   :mod:`runtime.adapters.voice_export`), sized to the chunk on routes that accept dynamic
+   shapes, or padded to a fixed bucket on routes that need static shapes. Only the samples of
+   the kept frames are used, so the chunks join into what one whole decode gives (to the SNR in
+   the voice's validation record). Chunk sizes come from the schedule: a short first chunk
+   for early audio, then the largest size the player is far enough ahead for (the audio
+   emitted leads the time since the first chunk by at least :data:`GROW_MARGIN` times the
+   measured time of that call), a smaller one when the lead no longer covers a call; a short
+   rest of the utterance (up to the context or the chunk's size) goes with the chunk before
+   it, under the same condition, instead of paying a window's context alone. With
+   ``deterministic`` scales the sizes follow the schedule in order (the last one repeating),
+   so the same text always gives the same samples;
 3. emits each chunk at once as an :class:`~runtime.engine.outputs.OmniRequestOutput` with
    ``finished=False`` and outputs ``pcm`` (float32, 1-D, mono), ``sample_rate``, ``chunk_index``
    (over the whole request), ``sentence_index`` and ``sentence_samples`` (the length of the
    utterance's whole audio, known from its frames once the acoustic call returned: players
    use it to plan their start, progress bars to draw).
 
-With ``overlap_sentences``, the next utterance's acoustic call runs in its own worker while
-this one decodes (started after this utterance's first chunk, so it never delays early audio).
+The next utterance's acoustic call runs while this one decodes (started after this utterance's
+first chunk, so it never delays early audio) where the thread plan gives the two stages cores
+of their own (:func:`runtime.backends.threads.plan_threads`, ``concurrent``); on fewer cores
+the two workers would compete for the same ones, so the calls take turns.
 
 The last output has ``finished=True``, an empty ``pcm`` (its ``chunk_index`` and
 ``sentence_index`` are the counts of chunks and utterances); its ``metrics`` hold
 ``time_to_first_audio_s`` (from the request's admission to the first chunk emitted),
 ``audio_seconds``, ``chunks``, ``sentences``, ``real_time_factor`` (wall time from admission to
 the last chunk, over ``audio_seconds``), ``max_chunk_gap_s`` (longest wait between two emitted
-chunks) and ``skipped`` (the text the voice did not speak, with reasons).
+chunks), ``skipped`` (the text the voice did not speak, with reasons), ``windows`` (``sized`` or
+``buckets``), ``context``, ``overlap``, ``timing`` (where the request's time went: the acoustic
+and decoder calls' model time and transport, the waits for the caller, the adapter's own work)
+and ``steps`` (one entry per stage call: stage, sentence, frames, when it started, its wall,
+model and transport time).
 
 Adapter options (``adapter.options`` in the pipeline file):
 
 ``voice``
     The exported voice's name; the acoustic bundle must hold that voice (``metadata.voice_name``).
 ``schedule``
-    Frames each decoder call keeps, in order, e.g. ``[16, 32, 64, 128]``; default: the decoder
-    bundle's ``metadata.schedule``. Each size plus both context sides must fit the largest
-    decoder bucket.
+    Frames each decoder call keeps, in order of growth, e.g. ``[16, 32, 64, 128, 256]``;
+    default: the decoder bundle's ``metadata.schedule``. Each size plus both context sides must
+    fit the largest decoder bucket.
 ``scales``
     ``voice`` (the voice config's noise, length and noise-width scales), ``deterministic``
     (noise and noise width 0: the same text always gives the same audio) or a list of three
@@ -43,11 +57,11 @@ Adapter options (``adapter.options`` in the pipeline file):
 ``sentence_silence_s``
     Silence added after every utterance but the last, in seconds (0 to 10).
 ``overlap_sentences``
-    ``false`` (default) or ``true``: run the next utterance's acoustic call during this one's
-    decoding. Off by default: on two shared cores the two workers then compete for the same
-    cores, and no consistent gain showed (median real-time factor of six three-sentence
-    requests: 0.54 with, 0.41 without; in a second run 0.86 with, 0.90 without); machines
-    with idle cores may gain.
+    ``auto`` (default: as the thread plan allows), ``true`` (always) or ``false`` (never).
+``windows``
+    ``auto`` (default: sized to the chunk when the decoder bundle declares ``sized_axis`` and
+    every provider the decoder's route allows accepts dynamic shapes, see
+    :data:`SIZED_WINDOW_PROVIDERS`), ``sized`` or ``buckets``.
 """
 
 from __future__ import annotations
@@ -56,7 +70,7 @@ import asyncio
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
@@ -70,6 +84,7 @@ from runtime.adapters.tts_text import (
 )
 from runtime.adapters.voice_bundles import VoiceBundles, read_voice_bundles
 from runtime.adapters.voice_chunks import acoustic_inputs, chunk_inputs
+from runtime.backends.threads import plan_threads
 from runtime.config import GraphBackendConfig
 from runtime.engine.outputs import AudioChunk
 from runtime.errors import ConfigError, ModelError
@@ -92,8 +107,21 @@ __all__ = [
 
 ACOUSTIC_STAGE: Final = 0
 DECODER_STAGE: Final = 1
-OPTION_NAMES: Final = ("voice", "schedule", "scales", "sentence_silence_s", "overlap_sentences")
+OPTION_NAMES: Final = (
+    "voice",
+    "schedule",
+    "scales",
+    "sentence_silence_s",
+    "overlap_sentences",
+    "windows",
+)
 SCALES_KEYWORDS: Final = ("voice", "deterministic")
+WINDOW_KEYWORDS: Final = ("auto", "sized", "buckets")
+#: Execution providers that run a graph on inputs of any length without recompiling it.
+SIZED_WINDOW_PROVIDERS: Final = frozenset({"CPUExecutionProvider"})
+#: The decoder takes a chunk size once the player's lead is this many times the measured
+#: time of that call.
+GROW_MARGIN: Final = 2.0
 MAX_SENTENCE_SILENCE_S: Final = 10.0
 #: The decoder bundle's audio output.
 _AUDIO_OUTPUT: Final = "audio"
@@ -111,7 +139,8 @@ class SpeechOptions:
     schedule: tuple[int, ...] | None = None
     scales: tuple[float, float, float] | str = "voice"
     sentence_silence_s: float = 0.0
-    overlap_sentences: bool = False
+    overlap_sentences: bool | str = "auto"
+    windows: str = "auto"
 
     @classmethod
     def parse(
@@ -160,10 +189,17 @@ class SpeechOptions:
                 f"{silence!r} is not a silence length; accepted: seconds from 0 to "
                 f"{MAX_SENTENCE_SILENCE_S:g}",
             )
-        overlap = options.get("overlap_sentences", False)
-        if not isinstance(overlap, bool):
+        overlap = options.get("overlap_sentences", "auto")
+        if not isinstance(overlap, bool) and overlap != "auto":
             raise fail(
-                "overlap_sentences", f"{overlap!r} is not a boolean; accepted: true or false"
+                "overlap_sentences",
+                f"{overlap!r} is not an overlap setting; accepted: auto, true or false",
+            )
+        windows = options.get("windows", "auto")
+        if windows not in WINDOW_KEYWORDS:
+            raise fail(
+                "windows",
+                f"{windows!r} is not a window setting; accepted: {', '.join(WINDOW_KEYWORDS)}",
             )
         return cls(
             voice=voice,
@@ -171,6 +207,7 @@ class SpeechOptions:
             scales=scales,
             sentence_silence_s=float(silence),
             overlap_sentences=overlap,
+            windows=str(windows),
         )
 
 
@@ -201,11 +238,15 @@ class _Timeline:
     """What one request measured while it ran (loop thread only)."""
 
     submitted_at: float
+    sample_rate: int
     chunks: int = 0
     samples: int = 0
     first_audio_at: float | None = None
     last_audio_at: float | None = None
     max_gap_s: float = 0.0
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    waited_s: float = 0.0
+    emit_s: float = 0.0
 
     def audio_emitted(self, samples: int) -> None:
         now = time.perf_counter()
@@ -216,6 +257,102 @@ class _Timeline:
         self.last_audio_at = now
         self.chunks += 1
         self.samples += samples
+
+    def lead_s(self) -> float:
+        """How far the audio emitted runs ahead of a player that started at the first chunk."""
+        if self.first_audio_at is None:
+            return 0.0
+        return self.samples / self.sample_rate - (time.perf_counter() - self.first_audio_at)
+
+    def step(self, stage: str, started: float, result: CallResult, **fields: Any) -> None:
+        self.steps.append(
+            {
+                "stage": stage,
+                **fields,
+                "started_s": round(started - self.submitted_at, 6),
+                "wall_s": round(time.perf_counter() - started, 6),
+                "run_s": round(result.run_s, 6),
+                "transfer_s": round(result.transfer_s, 6),
+            }
+        )
+
+    def timing(self, finished_at: float) -> dict[str, Any]:
+        """Where the request's time went (see the module)."""
+
+        def total(stage: str, key: str) -> float:
+            return round(float(sum(s[key] for s in self.steps if s["stage"] == stage)), 6)
+
+        windows = sum(s["window"] for s in self.steps if s["stage"] == "decoder")
+        kept = sum(s["kept"] for s in self.steps if s["stage"] == "decoder")
+        wall = finished_at - self.submitted_at
+        return {
+            "wall_s": round(wall, 6),
+            "acoustic_calls": sum(1 for s in self.steps if s["stage"] == "acoustic"),
+            "acoustic_run_s": total("acoustic", "run_s"),
+            "acoustic_transfer_s": total("acoustic", "transfer_s"),
+            "decoder_calls": sum(1 for s in self.steps if s["stage"] == "decoder"),
+            "decoder_run_s": total("decoder", "run_s"),
+            "decoder_transfer_s": total("decoder", "transfer_s"),
+            "decoder_window_frames": windows,
+            "decoder_kept_frames": kept,
+            "decoder_work_ratio": round(windows / kept, 4) if kept else None,
+            "emit_s": round(self.emit_s, 6),
+            "adapter_s": round(max(0.0, wall - self.waited_s - self.emit_s), 6),
+        }
+
+
+@dataclass(slots=True)
+class _Pacer:
+    """Chooses each decoder call's chunk size (see the module): the schedule's next size once
+    the player is far enough ahead, the previous one when the lead no longer covers a call."""
+
+    schedule: tuple[int, ...]
+    context_frames: int
+    #: False: the schedule in order and no timing involved, so the chunks (and the float
+    #: rounding at their joins) are the same on every run of the same text.
+    adaptive: bool = True
+    level: int = 0
+    seconds_per_frame: float | None = None
+
+    def measured(self, window_frames: int, seconds: float) -> None:
+        rate = seconds / max(1, window_frames)
+        previous = self.seconds_per_frame
+        self.seconds_per_frame = rate if previous is None else 0.5 * (previous + rate)
+
+    def _cost(self, level: int) -> float:
+        assert self.seconds_per_frame is not None
+        return self.seconds_per_frame * (self.schedule[level] + self.context_frames)
+
+    def next_size(self, lead_s: float, first: bool, remaining: int) -> int:
+        """Frames the next call keeps, of the ``remaining`` frames of its utterance."""
+        top = len(self.schedule) - 1
+        if first:
+            self.level = 0
+            return self.schedule[0]
+        if not self.adaptive:
+            self.level = min(self.level + 1, top)
+        elif self.seconds_per_frame is None:
+            return self.schedule[self.level]
+        else:
+            while self.level < top and lead_s >= GROW_MARGIN * self._cost(self.level + 1):
+                self.level += 1
+            while self.level > 0 and lead_s < self._cost(self.level):
+                self.level -= 1
+        size = self.schedule[self.level]
+        rest = remaining - size
+        # A short rest is taken with this call rather than alone: one window's context fewer,
+        # within the largest size and when the player is far enough ahead for the longer call.
+        if (
+            0 < rest <= max(self.context_frames, size)
+            and remaining <= self.schedule[-1]
+            and (
+                not self.adaptive
+                or lead_s
+                >= GROW_MARGIN * (self.seconds_per_frame or 0.0) * (remaining + self.context_frames)
+            )
+        ):
+            return remaining
+        return size
 
 
 class SpeechAdapter:
@@ -279,8 +416,39 @@ class SpeechAdapter:
         else:
             assert not isinstance(scales, str)
             self.scales = scales
+        #: Chunk sizes follow the player's lead; with deterministic scales they follow the
+        #: schedule in order instead, so the same text gives the same samples every time.
+        self.adaptive_chunks = scales != "deterministic" and self.scales[0] + self.scales[2] > 0
         self.sample_rate = voice.sample_rate
         self.samples_per_frame = settings.samples_per_frame
+        decoder_route = config.stages[DECODER_STAGE].backend
+        assert isinstance(decoder_route, GraphBackendConfig)
+        accepts_sized = settings.sized and set(decoder_route.route.allowed_providers) <= set(
+            SIZED_WINDOW_PROVIDERS
+        )
+        if self.options.windows == "sized" and not settings.sized:
+            raise SpeechOptionsError(
+                f"windows 'sized', but {self.bundles.decoder.manifest_path} declares no "
+                "sized_axis; accepted: 'buckets' or 'auto' (export the voice again)",
+                file=source,
+                line=line,
+                key="adapter.options.windows",
+            )
+        #: Decoder windows sized to each chunk (True) or padded to the fixed buckets.
+        self.sized_windows = (
+            accepts_sized if self.options.windows == "auto" else self.options.windows == "sized"
+        )
+        overlap = self.options.overlap_sentences
+        #: Stage ids this program may call at the same time (read by the engine's thread plan).
+        self.concurrent_stages: tuple[int, ...] = (
+            () if overlap is False else (ACOUSTIC_STAGE, DECODER_STAGE)
+        )
+        if overlap == "auto":
+            names = [config.stages[i].name for i in self.concurrent_stages]
+            plans = plan_threads(config, concurrent=names)
+            self.overlap = all(plans[name].overlaps for name in names if name in plans)
+        else:
+            self.overlap = bool(overlap)
         self.max_ids = max(self.bundles.acoustic_settings.buckets)
         self._phonemizer = Phonemizer(voice)
         self._silence = np.zeros(round(self.options.sentence_silence_s * voice.sample_rate), "f4")
@@ -319,28 +487,54 @@ class SpeechAdapter:
         return prepare_speech(text, self._phonemizer, max_ids=self.max_ids)
 
     async def run(self, ctx: RequestContext, plan: SpeechPlan) -> None:
-        timeline = _Timeline(submitted_at=ctx.request.submitted_at)
+        timeline = _Timeline(submitted_at=ctx.request.submitted_at, sample_rate=self.sample_rate)
+        settings = self.bundles.decoder_settings
+        pacer = _Pacer(self.schedule, sum(settings.context), adaptive=self.adaptive_chunks)
         sentences = plan.sentences
+        decoder_name = ctx.stage_name(DECODER_STAGE)
         prefetched: asyncio.Task[CallResult] | None = None
         try:
             for index, utterance in enumerate(sentences):
+                waited = time.perf_counter()
                 if prefetched is None:
-                    latents = await self._acoustic(ctx, utterance)
+                    latents = await self._acoustic(ctx, utterance, index, timeline)
                 else:
                     latents = await prefetched
                     prefetched = None
+                timeline.waited_s += time.perf_counter() - waited
                 last = index == len(sentences) - 1
                 z, mask = self._latents(latents, utterance)
-                chunks = self.bundles.decoder_settings.plan(int(z.shape[2]), self.schedule)
-                samples = chunks[-1].end * self.samples_per_frame
+                frames = int(z.shape[2])
+                samples = frames * self.samples_per_frame
                 if not last:
                     samples += self._silence.size
-                for chunk in chunks:
+                start = 0
+                chunk_index = 0
+                while start < frames:
+                    size = pacer.next_size(
+                        timeline.lead_s(), first=timeline.chunks == 0, remaining=frames - start
+                    )
+                    chunk = settings.chunk(
+                        chunk_index, start, size, frames, sized=self.sized_windows
+                    )
+                    started = time.perf_counter()
                     decoded = await ctx.call(DECODER_STAGE, chunk_inputs(z, mask, chunk))
+                    elapsed = time.perf_counter() - started
+                    timeline.waited_s += elapsed
+                    pacer.measured(chunk.bucket, elapsed)
+                    timeline.step(
+                        "decoder",
+                        started,
+                        decoded,
+                        sentence=index,
+                        chunk=chunk_index,
+                        window=chunk.bucket,
+                        kept=chunk.kept_frames,
+                    )
                     audio = decoded.outputs.get(_AUDIO_OUTPUT)
                     if audio is None or audio.size < chunk.keep_end:
                         raise ModelError(
-                            f"{ctx.stage_name(DECODER_STAGE)} returned "
+                            f"{decoder_name} returned "
                             f"{'no audio' if audio is None else f'{audio.size} samples'} for a "
                             f"window of {chunk.bucket} frames; expected {_AUDIO_OUTPUT!r} with "
                             f"{chunk.bucket * self.samples_per_frame} samples"
@@ -348,7 +542,9 @@ class SpeechAdapter:
                     pcm = np.array(
                         audio.reshape(-1)[chunk.keep_start : chunk.keep_end], dtype=np.float32
                     )
-                    if chunk.index == len(chunks) - 1 and not last and self._silence.size:
+                    start = chunk.end
+                    chunk_index += 1
+                    if start >= frames and not last and self._silence.size:
                         pcm = np.concatenate([pcm, self._silence])
                     timeline.audio_emitted(pcm.size)
                     audio_chunk = AudioChunk(
@@ -358,11 +554,13 @@ class SpeechAdapter:
                         sentence_index=index,
                         sentence_samples=samples,
                     )
-                    await ctx.emit(audio_chunk.to_outputs(), stage=ctx.stage_name(DECODER_STAGE))
-                    if chunk.index == 0 and not last and self.options.overlap_sentences:
+                    emitting = time.perf_counter()
+                    await ctx.emit(audio_chunk.to_outputs(), stage=decoder_name)
+                    timeline.emit_s += time.perf_counter() - emitting
+                    if chunk_index == 1 and not last and self.overlap:
                         # The next utterance's acoustic call overlaps this one's decoding.
                         prefetched = asyncio.ensure_future(
-                            self._acoustic(ctx, sentences[index + 1])
+                            self._acoustic(ctx, sentences[index + 1], index + 1, timeline)
                         )
         finally:
             if prefetched is not None:
@@ -377,14 +575,26 @@ class SpeechAdapter:
         )
         await ctx.emit(
             closing.to_outputs(),
-            stage=ctx.stage_name(DECODER_STAGE),
+            stage=decoder_name,
             finished=True,
             metrics=self._metrics(timeline, plan),
         )
 
-    async def _acoustic(self, ctx: RequestContext, utterance: Utterance) -> CallResult:
+    async def _acoustic(
+        self, ctx: RequestContext, utterance: Utterance, index: int, timeline: _Timeline
+    ) -> CallResult:
         inputs = acoustic_inputs(utterance.ids, self.bundles.acoustic_settings.buckets, self.scales)
-        return await ctx.call(ACOUSTIC_STAGE, inputs)
+        started = time.perf_counter()
+        result = await ctx.call(ACOUSTIC_STAGE, inputs)
+        timeline.step(
+            "acoustic",
+            started,
+            result,
+            sentence=index,
+            ids=len(utterance.ids),
+            bucket=int(inputs["input"].shape[1]),
+        )
+        return result
 
     def _latents(self, result: CallResult, utterance: Utterance) -> tuple[np.ndarray, np.ndarray]:
         z = result.outputs.get("z")
@@ -427,5 +637,14 @@ class SpeechAdapter:
             "sample_rate": self.sample_rate,
             "scales": list(self.scales),
             "schedule": list(self.schedule),
+            "context": list(self.bundles.decoder_settings.context),
+            "windows": "sized" if self.sized_windows else "buckets",
+            "overlap": self.overlap,
             "skipped": [item.to_json() for item in plan.skipped],
+            "timing": timeline.timing(
+                timeline.last_audio_at
+                if timeline.last_audio_at is not None
+                else time.perf_counter()
+            ),
+            "steps": timeline.steps,
         }

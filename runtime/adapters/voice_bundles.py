@@ -3,13 +3,14 @@ settings an adapter drives them with."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
 from runtime.adapters.tts_text import VoiceConfig
-from runtime.adapters.voice_chunks import ChunkPlan, decode_chunks_plan
+from runtime.adapters.voice_chunks import ChunkPlan, decode_chunks_plan, plan_chunk
 from runtime.artifacts import VerifiedBundle, verify_bundle
 from runtime.errors import UsageError, VerificationError
 
@@ -17,7 +18,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
 #: Version of the bundle layout this module writes; bundles of another format are re-exported.
-EXPORT_FORMAT: Final = 1
+#: 2: context chosen by measurement, windows sized to the chunk, chunks up to 256 frames.
+EXPORT_FORMAT: Final = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,22 +31,43 @@ class AcousticSettings:
 
 @dataclass(frozen=True, slots=True)
 class DecoderSettings:
-    """How the decoder bundle is called: chunk schedule, context and window buckets."""
+    """How the decoder bundle is called: chunk schedule, context and window buckets.
+
+    ``sized`` says the bundle accepts windows of any length between its smallest and largest
+    bucket (``metadata.sized_axis``); a route that needs static shapes still uses the buckets.
+    """
 
     schedule: tuple[int, ...]
     context: tuple[int, int]
     buckets: tuple[int, ...]
     samples_per_frame: int
+    sized: bool = False
 
-    def plan(self, frames: int, schedule: Sequence[int] | None = None) -> list[ChunkPlan]:
+    def plan(
+        self, frames: int, schedule: Sequence[int] | None = None, *, sized: bool | None = None
+    ) -> list[ChunkPlan]:
         """:func:`decode_chunks_plan` with these settings (and optionally another schedule
-        whose chunks fit these buckets)."""
+        whose chunks fit these buckets, or fixed buckets on a bundle that accepts sized ones)."""
         return decode_chunks_plan(
             frames,
             self.schedule if schedule is None else schedule,
             self.context,
             buckets=self.buckets,
             samples_per_frame=self.samples_per_frame,
+            sized=self.sized if sized is None else sized and self.sized,
+        )
+
+    def chunk(self, index: int, start: int, size: int, frames: int, *, sized: bool) -> ChunkPlan:
+        """:func:`plan_chunk` with these settings: one call keeping ``size`` frames."""
+        return plan_chunk(
+            index,
+            start,
+            size,
+            frames,
+            self.context,
+            self.buckets,
+            samples_per_frame=self.samples_per_frame,
+            sized=sized and self.sized,
         )
 
 
@@ -75,6 +98,17 @@ def _int_list(value: object) -> tuple[int, ...] | None:
     if not isinstance(value, list) or not all(type(v) is int and v > 0 for v in value):
         return None
     return tuple(value)
+
+
+def export_format_of(manifest: Path) -> object:
+    """The ``voice_export_format`` a voice bundle's manifest names (None when unreadable);
+    read without verifying the bundle, to tell a previous release's export from a current one."""
+    try:
+        document = json.loads(Path(manifest).read_bytes())
+    except (OSError, ValueError):
+        return None
+    metadata = document.get("metadata") if isinstance(document, dict) else None
+    return metadata.get("voice_export_format") if isinstance(metadata, dict) else None
 
 
 def load_voice_bundles(root: Path) -> VoiceBundles:
@@ -130,7 +164,13 @@ def read_voice_bundles(
         decoder=decoder,
         voice=voice,
         acoustic_settings=AcousticSettings(ac_buckets),
-        decoder_settings=DecoderSettings(schedule, (context[0], context[1]), frame_buckets, spf),
+        decoder_settings=DecoderSettings(
+            schedule,
+            (context[0], context[1]),
+            frame_buckets,
+            spf,
+            sized=dmeta.get("sized_axis") is not None,
+        ),
         checkpoint_revision=str(meta["checkpoint_revision"]),
         validation=MappingProxyType(dict(meta["validation"]))
         if isinstance(meta["validation"], dict)

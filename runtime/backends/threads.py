@@ -19,12 +19,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from runtime.config import GraphBackendConfig, LlmBackendConfig
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from runtime.config import PipelineConfig
+
+#: Cores each concurrent graph stage needs to itself before a program may overlap their calls.
+MIN_OVERLAP_THREADS: Final = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +40,8 @@ class ThreadPlan:
     allow_spinning: bool
     cores: int
     reason: str
+    #: The stage's calls may run at the same time as another concurrent stage's.
+    overlaps: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -42,6 +49,7 @@ class ThreadPlan:
             "allow_spinning": self.allow_spinning,
             "cores": self.cores,
             "reason": self.reason,
+            "overlaps": self.overlaps,
         }
 
 
@@ -53,12 +61,26 @@ def usable_cores() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def plan_threads(config: PipelineConfig, cores: int | None = None) -> dict[str, ThreadPlan]:
-    """The thread plan of every graph stage of ``config``, by stage name."""
+def plan_threads(
+    config: PipelineConfig, cores: int | None = None, *, concurrent: Collection[str] = ()
+) -> dict[str, ThreadPlan]:
+    """The thread plan of every graph stage of ``config``, by stage name. ``concurrent``
+    names graph stages a program may call at the same time (see the module)."""
     cores = usable_cores() if cores is None else max(1, cores)
     graph = [s for s in config.stages if isinstance(s.backend, GraphBackendConfig)]
     language = [s for s in config.stages if isinstance(s.backend, LlmBackendConfig)]
     if not language:
+        together = [s.name for s in graph if s.name in concurrent]
+        if len(together) >= 2 and cores >= MIN_OVERLAP_THREADS * len(together):
+            share = cores // len(together)
+            reason = (
+                f"{', '.join(together)} may run at once: {share} of {cores} cores each, no spinning"
+            )
+            plans = {name: ThreadPlan(share, False, cores, reason, True) for name in together}
+            alone_reason = "runs alone: every core, no spinning (the others' pools share them)"
+            for stage in graph:
+                plans.setdefault(stage.name, ThreadPlan(cores, False, cores, alone_reason))
+            return plans
         # One request at a time: the stages run one after another, each on every core, and
         # the controller takes each result on those same cores: no pool spins.
         reason = (
@@ -68,11 +90,16 @@ def plan_threads(config: PipelineConfig, cores: int | None = None) -> dict[str, 
             else f"{len(graph)} graph stages run one after another: every core each, "
             "no spinning (their pools and the controller take turns on the same cores)"
         )
+        if len(together) >= 2:
+            reason += (
+                f"; {', '.join(together)} could overlap but {cores} cores leave fewer than "
+                f"{MIN_OVERLAP_THREADS} each"
+            )
         return {s.name: ThreadPlan(cores, False, cores, reason) for s in graph}
-    together = len(graph) + len(language)
-    share = max(1, cores // together)
+    together_count = len(graph) + len(language)
+    share = max(1, cores // together_count)
     reason = (
-        f"{together} stages may run at once (requests overlap with the language model): "
+        f"{together_count} stages may run at once (requests overlap with the language model): "
         f"{share} of {cores} cores each, no spinning"
     )
     return {s.name: ThreadPlan(share, False, cores, reason) for s in graph}

@@ -26,7 +26,13 @@ from typing import TYPE_CHECKING, Any
 from runtime.contracts import RequestKey, new_request_id
 from runtime.engine.metrics import RequestMetrics, StageCallMetrics, StageTotals
 from runtime.engine.outputs import END, OutputStream
-from runtime.engine.program import ChainProgram, PipelineProgram, RequestContext, load_program
+from runtime.engine.program import (
+    ChainProgram,
+    PipelineProgram,
+    RequestContext,
+    concurrent_stages,
+    load_program,
+)
 from runtime.engine.stage_runtime import StageRuntime
 from runtime.engine.stages import GraphStage
 from runtime.errors import (
@@ -116,6 +122,7 @@ class Orchestrator:
         self.config = config
         self.ledger = ledger if ledger is not None else ResourceLedger(name=config.pipeline)
         self.events = events if events is not None else EventBus()
+        self.program: PipelineProgram = load_program(config)
         self._runtime = StageRuntime(
             config,
             ledger=self.ledger,
@@ -123,8 +130,8 @@ class Orchestrator:
             topology=topology,
             selection=selection,
             timeouts=timeouts,
+            concurrent=concurrent_stages(self.program, config),
         )
-        self.program: PipelineProgram = load_program(config)
         self._lock = threading.Lock()
         #: Notified whenever a request is wound up (see :meth:`metrics`).
         self._finished = threading.Condition(self._lock)

@@ -529,6 +529,14 @@ class PipelineProgram(Protocol):
         ...
 
 
+def concurrent_stages(program: object, config: PipelineConfig) -> tuple[str, ...]:
+    """The names of the graph stages ``program`` may call at the same time for one request
+    (its optional ``concurrent_stages`` attribute: stage ids); the thread plan splits the cores
+    between them where they can each have their own (``runtime/backends/threads.py``)."""
+    ids = getattr(program, "concurrent_stages", ())
+    return tuple(config.stages[i].name for i in ids if 0 <= i < len(config.stages))
+
+
 class ChainProgram:
     """The linear chain of graph stages with model-owned handoff transforms."""
 

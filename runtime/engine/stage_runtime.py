@@ -60,6 +60,8 @@ from runtime.models.smollm2 import ensure_smollm2_model
 from runtime.models.tiny_llm import ensure_tiny_model
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from runtime.backends.base import GraphClient, LlmClient, StageClient
     from runtime.config import PipelineConfig, StageConfig
     from runtime.ledger import PlanReservation, ResourceLedger, StageReservation
@@ -120,6 +122,7 @@ class StageRuntime:
         timeouts: GraphTimeouts | None = None,
         llm_timeouts: VllmTimeouts | None = None,
         env_dir: Path | None = None,
+        concurrent: Collection[str] = (),
     ) -> None:
         self.config = config
         self.ledger = ledger
@@ -129,8 +132,9 @@ class StageRuntime:
         self.timeouts = timeouts
         self.llm_timeouts = llm_timeouts
         self.env_dir = env_dir
-        #: ONNX Runtime threads of each graph stage, split between stages that run at once.
-        self.threads = plan_threads(config)
+        #: ONNX Runtime threads of each graph stage, split between stages that run at once
+        #: (``concurrent``: graph stages the program may call at the same time).
+        self.threads = plan_threads(config, concurrent=concurrent)
         self.stages: list[StageHandle] = []
         #: Each stage's backend client, in stage order.
         self.clients: list[StageClient] = []

@@ -7,9 +7,11 @@ speech tests); each run loads two workers holding the voice's graphs.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pytest
 from PySide6.QtCore import Qt
 
@@ -53,6 +55,17 @@ def test_speech_grows_the_waveform_and_fills_the_metrics(
     assert window.output.waiting.isVisibleTo(window)
     assert not window.output.tensor_box.isVisibleTo(window)
     window.run_pane.text_input.setPlainText("Hello from the studio. The waveform grows as I speak.")
+    # The audio reaches the output on the runtime's threads, never through the GUI thread.
+    fed_on: list[int] = []
+    fed: list[np.ndarray] = []
+    feed = window.audio.feed
+
+    def recording_feed(pcm: np.ndarray, sample_rate: int, **options: Any) -> None:
+        fed_on.append(threading.get_ident())
+        fed.append(np.array(pcm))
+        feed(pcm, sample_rate, **options)
+
+    window.audio.feed = recording_feed  # type: ignore[method-assign]
     drawn: list[int] = []
     window.output.waveform.grew.connect(drawn.append)
     with qtbot.waitSignal(window.bridge.run_finished, timeout=120_000) as finished:
@@ -72,6 +85,9 @@ def test_speech_grows_the_waveform_and_fills_the_metrics(
     assert drawn[-1] == waveform.sample_count
     assert waveform.sample_rate == 22050
     assert waveform.duration_s > 1.0
+    assert len(fed) == waveform.chunks
+    assert threading.main_thread().ident not in fed_on
+    np.testing.assert_array_equal(np.concatenate(fed), waveform.samples[: waveform.sample_count])
     metrics = window.metrics_panel.metrics
     assert metrics is not None
     assert metrics.first_audio_s is not None

@@ -3,6 +3,7 @@ deliver them (``OmniRequestOutput`` with ``pcm``, ``sample_rate``, ``chunk_index
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -12,7 +13,13 @@ from app.models import ReceivedAudio, RequestMetrics, StageTiming, TextChunk
 from app.playback import AudioOutput
 from app.presenters import RequestTracker, output_items
 from app.widgets.metrics import MetricsPanel
-from app.widgets.output import OutputArea, StreamingTextView, WaveformView
+from app.widgets.output import (
+    FIRST_BIN,
+    MAX_BINS,
+    OutputArea,
+    StreamingTextView,
+    WaveformView,
+)
 from runtime.engine.outputs import OmniRequestOutput
 
 RATE = 22050
@@ -48,14 +55,52 @@ def test_the_waveform_grows_with_each_chunk(qtbot: Any) -> None:
             waveform.append_chunk(chunk)
         drawn.append(blocker.args[0])
         x, y = waveform.curve.getOriginalDataset()
-        assert len(x) == len(y) == blocker.args[0]
+        # The curve draws the envelope: a (min, max) pair per bin of samples.
+        bins = math.ceil(blocker.args[0] / waveform.bin_samples)
+        assert len(x) == len(y) == 2 * bins
     assert drawn == [4410, 8820, 13230, 17640]
     assert waveform.duration_s == pytest.approx(0.8)
     assert waveform.chunks == 4
     _x, y = waveform.curve.getOriginalDataset()
     assert float(np.max(np.abs(y))) == pytest.approx(0.4, abs=1e-3)
+    marks, _heights = waveform.boundary_curve.getOriginalDataset()
+    assert sorted(set(marks.tolist())) == pytest.approx([0.2, 0.4, 0.6])
     waveform.clear_audio()
     assert waveform.sample_count == 0
+
+
+def test_a_long_waveform_draws_a_bounded_envelope_of_the_same_peaks(qtbot: Any) -> None:
+    """Twenty minutes of audio in 3 s chunks: each redraw draws at most MAX_BINS pairs, and
+    the envelope keeps every chunk's peaks."""
+    waveform = WaveformView()
+    qtbot.addWidget(waveform)
+    waveform.show()
+    rng = np.random.default_rng(7)
+    chunk_samples = 3 * RATE
+    peaks = []
+    for index in range(400):
+        pcm = (rng.standard_normal(chunk_samples) * 0.1).astype(np.float32)
+        pcm[rng.integers(chunk_samples)] = 0.9 if index % 2 else -0.9
+        peaks.append(pcm)
+        waveform.append_chunk(ReceivedAudio("r", index, index, pcm, RATE, float(index)))
+        if index in (0, 399):
+            with qtbot.waitSignal(waveform.grew, timeout=2000):
+                pass
+    every = np.concatenate(peaks)
+    times, values = waveform.envelope()
+    assert len(values) <= 2 * (MAX_BINS + 1)
+    assert waveform.bin_samples > FIRST_BIN
+    assert float(values.max()) == float(every.max())
+    assert float(values.min()) == float(every.min())
+    assert times[-1] <= waveform.duration_s
+    x, _y = waveform.curve.getOriginalDataset()
+    assert len(x) == len(values)
+    # Each bin holds exactly the extremes of its samples.
+    width = waveform.bin_samples
+    for position in (0, 100, len(values) // 2 - 2):
+        part = every[position * width : (position + 1) * width]
+        assert values[2 * position] == part.min()
+        assert values[2 * position + 1] == part.max()
 
 
 def test_the_waveform_refuses_a_chunk_at_another_sample_rate(qtbot: Any) -> None:

@@ -4,10 +4,12 @@ speech demo's exported bundles) is never missing, so nothing is exported for it.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from runtime.adapters.voice_bundles import EXPORT_FORMAT
 from runtime.assets import ASSETS_ENV
 from runtime.pipeline_files import export_missing_voices, missing_voices
 from tests.helpers.distributions import REPO
@@ -31,6 +33,20 @@ def test_the_speech_demo_needs_the_joe_voice_until_its_bundles_are_there(data_di
     assert missing_voices(SPEAK) == ["joe"]  # the decoder's bundle is still missing
     (voice / "decoder").mkdir()
     (voice / "decoder" / "manifest.json").write_text("{}", encoding="utf-8")
+    assert missing_voices(SPEAK) == []
+
+
+def test_a_previous_releases_export_counts_as_missing(data_dir: Path) -> None:
+    """Bundles of an older export format are exported again once, on first use."""
+    voice = data_dir / "voices" / "joe"
+    for part in ("acoustic", "decoder"):
+        (voice / part).mkdir(parents=True)
+        manifest = {"metadata": {"voice_export_format": EXPORT_FORMAT - 1}}
+        (voice / part / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    assert missing_voices(SPEAK) == ["joe"]
+    for part in ("acoustic", "decoder"):
+        manifest = {"metadata": {"voice_export_format": EXPORT_FORMAT}}
+        (voice / part / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
     assert missing_voices(SPEAK) == []
 
 

@@ -109,6 +109,23 @@ def test_a_speech_pipeline_run_with_text_writes_the_request_wav(
     assert [stage["backend"] for stage in plan["stages"]] == ["external.graph.v1"] * 2
     metrics = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
     assert [request["request_id"] for request in metrics["requests"]] == [request_id]
+    # Where the request's time went: every stage call, and the adapter's breakdown per step.
+    (request,) = metrics["requests"]
+    calls = request["stages"]
+    program = request["program"]
+    steps = program["steps"]
+    # Calls of one stage run one at a time, so each stage's steps follow its calls in order.
+    for stage, kind in (("stage-0", "acoustic"), ("stage-1", "decoder")):
+        ours = [step["run_s"] for step in steps if step["stage"] == kind]
+        engine = [call["run_s"] for call in calls if call["stage"] == stage]
+        assert ours == pytest.approx(engine, abs=1e-5)
+        assert ours
+    timing = program["timing"]
+    assert timing["acoustic_calls"] == 2
+    assert timing["decoder_calls"] == program["chunks"] == len(steps) - 2
+    assert timing["decoder_kept_frames"] * 256 == round(program["audio_seconds"] * 22050)
+    for key in ("acoustic_run_s", "decoder_run_s", "decoder_transfer_s", "emit_s", "adapter_s"):
+        assert 0 <= timing[key] < timing["wall_s"]
 
 
 @pytest.mark.audio

@@ -24,6 +24,7 @@ import pytest
 import soundfile
 
 from runtime.adapters.speak import METRIC_KEYS
+from runtime.adapters.voice_export import MAX_ABS_ERROR, MIN_SNR_DB
 from runtime.cli import main
 from runtime.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from tests.helpers.voice import assert_speech, export_once
@@ -276,7 +277,8 @@ def test_export_voice_if_missing_keeps_bundles_that_verify(
     summary = json.loads(capsys.readouterr().out)
     assert summary["exported"] is False
     assert summary["root"] == str(voice.root)
-    assert summary["max_abs_error"] <= 1e-3
+    assert summary["max_abs_error"] <= MAX_ABS_ERROR
+    assert summary["min_snr_db"] >= MIN_SNR_DB
 
 
 def test_export_voice_refuses_what_it_cannot_do(
@@ -301,7 +303,7 @@ def test_export_voice_writes_validated_bundles_that_speak(
     assert main(["bundle", "export-voice", "--out", str(out), "--json"]) == EXIT_OK
     summary = json.loads(capsys.readouterr().out)
     assert summary["exported"] is True
-    assert summary["min_snr_db"] == "inf" or summary["min_snr_db"] >= 60
+    assert summary["min_snr_db"] == "inf" or summary["min_snr_db"] >= MIN_SNR_DB
     assert sorted(path.name for path in out.iterdir()) == ["acoustic", "decoder"]
     assert main(["verify", str(out / "acoustic")]) == EXIT_OK
     assert main(["verify", str(out / "decoder")]) == EXIT_OK
