@@ -16,6 +16,7 @@ from runtime.errors import (
     RefusedError,
     RequestCancelled,
     ResourceUnavailable,
+    StageRetired,
     UsageError,
 )
 
@@ -32,6 +33,8 @@ SERVER: Final = "server_error"
 BAD_INPUT: Final = ": bad_input: "
 #: What a busy pipeline tells a client to wait before retrying, in seconds.
 RETRY_AFTER_S: Final = 1
+#: What a client is told to wait while a pipeline is recreated, in seconds.
+RESTART_RETRY_AFTER_S: Final = 5
 
 
 class ApiError(Exception):
@@ -87,6 +90,15 @@ def from_runtime_error(exc: OmniError) -> ApiError:
     if isinstance(exc, ModelError) and BAD_INPUT in message:
         # The graph refused the request's tensors (name, dtype or shape): the client's to fix.
         return ApiError(400, message, code="bad_input")
+    if isinstance(exc, StageRetired):
+        # The pipeline is recreated in the background (see ServedPipeline.cancel).
+        return ApiError(
+            503,
+            message,
+            type=SERVER,
+            code="pipeline_restarting",
+            headers={"Retry-After": str(RESTART_RETRY_AFTER_S)},
+        )
     if isinstance(exc, RequestCancelled):
         return ApiError(503, message, type=SERVER, code="cancelled")
     if isinstance(exc, RefusedError):

@@ -27,7 +27,7 @@ from runtime.events import EventBus, RequestAdmitted, RequestFinished
 from runtime.ledger import ResourceLedger
 from runtime.pipeline_input import TENSOR_INPUT, input_kind
 from runtime.serve.chat_template import ChatTemplate
-from runtime.serve.errors import SERVER, ApiError
+from runtime.serve.errors import RESTART_RETRY_AFTER_S, SERVER, ApiError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -42,8 +42,6 @@ CHAT: Final = "chat"
 SPEECH: Final = "speech"
 GRAPH: Final = "graph"
 KINDS: Final = (CHAT, SPEECH, GRAPH)
-#: What a client is told to wait while a pipeline is recreated, in seconds.
-RESTART_RETRY_AFTER_S: Final = 5
 #: How long a cancelled request may take to be wound up before its stages are looked at.
 SETTLE_S: Final = 30.0
 
