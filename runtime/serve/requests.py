@@ -281,17 +281,16 @@ def parse_speech_request(
 
 def load_npz(body: bytes) -> dict[str, np.ndarray]:
     """An ``.npz`` body -> its arrays (never pickled objects), or a 400 saying why not."""
+    if not body.startswith(b"PK"):
+        found = "a single .npy array" if body.startswith(b"\x93NUMPY") else "not an archive"
+        raise invalid(
+            f"the body is {found}; accepted: an .npz archive of named arrays (numpy.savez)",
+            param=None,
+            code="invalid_npz",
+        )
     try:
         with np.load(io.BytesIO(body), allow_pickle=False) as archive:
-            if not isinstance(archive, np.lib.npyio.NpzFile):
-                raise invalid(
-                    "the body is a single .npy array; accepted: an .npz archive of named arrays",
-                    param=None,
-                    code="invalid_npz",
-                )
             arrays = {name: archive[name] for name in archive.files}
-    except ApiError:
-        raise
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
         raise invalid(
             f"the body is not a readable .npz archive ({exc}); accepted: numpy.savez output "

@@ -31,12 +31,9 @@ def no_residue(request: pytest.FixtureRequest) -> Iterator[None]:
     deadline = time.monotonic() + 3.0
     while True:
         extra = _children() - children
-        servers = {f"{SHM_PREFIX}{pid}-" for pid in children}
-        stray = {
-            name
-            for name in _shm_entries() - segments
-            if not any(name.startswith(prefix) for prefix in servers)
-        }
+        # Other programs on the machine make segments too: only this process's count.
+        own = f"{SHM_PREFIX}{os.getpid()}-"
+        stray = {name for name in _shm_entries() - segments if name.startswith(own)}
         if not (extra or stray) or time.monotonic() > deadline:
             break
         time.sleep(0.05)

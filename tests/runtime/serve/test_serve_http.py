@@ -16,15 +16,14 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import numpy as np
 import openai
 import pytest
 import soundfile
-
 from helpers.onnx_graphs import example_inputs, make_bundle
+
 from tests.runtime.engine.support import ENDLESS_STEPS, StageSpec, write_pipeline
 from tests.runtime.serve.support import API_KEY, REPO, ServeProcess, wait_until
 from tests.workers.support import make_loop_bundle
@@ -335,9 +334,7 @@ def test_max_queued_lets_a_request_wait_and_the_next_gets_429(server: ServeProce
     def post(steps: int) -> None:
         with server.client() as http:
             answers.append(
-                http.post(
-                    "/omni/run", params={"model": "loop_queued"}, content=_loop_inputs(steps)
-                )
+                http.post("/omni/run", params={"model": "loop_queued"}, content=_loop_inputs(steps))
             )
 
     # A call of some seconds, and one that waits for it in the pipeline's queue.
