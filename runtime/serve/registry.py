@@ -123,6 +123,8 @@ class PipelineStatus:
     concurrency: int
     max_queued: int
     source: str
+    #: Requests wound up since the server started, by status (completed, cancelled, failed).
+    finished: dict[str, int]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -133,6 +135,7 @@ class PipelineStatus:
             "concurrency": self.concurrency,
             "max_queued": self.max_queued,
             "source": self.source,
+            "finished": dict(self.finished),
         }
 
 
@@ -157,6 +160,7 @@ class ServedPipeline:
         self._background = background
         self._lock = threading.Lock()
         self._in_flight: set[str] = set()
+        self._finished: dict[str, int] = {"completed": 0, "cancelled": 0, "failed": 0}
         #: Notified whenever a request of this pipeline is wound up.
         self._settled = threading.Condition(self._lock)
         self._state = "starting"
@@ -184,7 +188,9 @@ class ServedPipeline:
                 self._in_flight.add(event.request_id)
         elif isinstance(event, RequestFinished):
             with self._lock:
-                self._in_flight.discard(event.request_id)
+                if event.request_id in self._in_flight:
+                    self._in_flight.discard(event.request_id)
+                    self._finished[event.status] = self._finished.get(event.status, 0) + 1
                 self._settled.notify_all()
 
     def _model_dir(self) -> Path | None:
@@ -227,6 +233,7 @@ class ServedPipeline:
         omni = self._omni
         with self._lock:
             in_flight = len(self._in_flight)
+            finished = dict(self._finished)
             state = self._state
         return PipelineStatus(
             name=self.name,
@@ -236,6 +243,7 @@ class ServedPipeline:
             concurrency=omni.orchestrator.concurrency if omni is not None else 0,
             max_queued=self.config.max_queued,
             source=str(self.config.source),
+            finished=finished,
         )
 
     # -- requests ----------------------------------------------------------------------

