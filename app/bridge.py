@@ -32,6 +32,8 @@ from app.models import (
     ReceivedAudio,
     RunOutcome,
     RunState,
+    ServedLine,
+    ServeView,
     TextChunk,
 )
 from app.presenters import (
@@ -69,6 +71,7 @@ from runtime.events import (
 from runtime.ledger import LedgerEvent, ResourceLedger
 from runtime.pipeline_files import export_missing_voices, is_manifest_path
 from runtime.planning import plan_pipeline
+from runtime.serve import DEFAULT_PORT, OmniServer, ServedRequest, ServeOptions
 
 if TYPE_CHECKING:
     import concurrent.futures as cf
@@ -80,6 +83,8 @@ if TYPE_CHECKING:
 
 #: Loggers whose records the Log panel shows (runtime, workers' stderr, the ledger).
 FORWARDED_LOGGERS = ("omni", "runtime")
+#: Requests the Serve panel lists.
+SERVED_SHOWN = 50
 
 
 @dataclass
@@ -125,6 +130,7 @@ class RuntimeBridge(QObject):
     run_finished = Signal(object)  # RunOutcome
     error = Signal(object)  # ErrorInfo
     log_line = Signal(object)  # LogLine
+    serve_changed = Signal(object)  # ServeView
     shut_down = Signal()
 
     _posted = Signal(object)
@@ -149,8 +155,12 @@ class RuntimeBridge(QObject):
         self._request: Request | None = None
         self._metrics = RunMetrics()
         self._cancel_after_load = False
+        self._serve_view = ServeView()
+        #: The port the Serve switch listens on (0: any free port).
+        self.serve_port = DEFAULT_PORT
         # Control-thread state.
         self._session: _Session | None = None
+        self._server: OmniServer | None = None
         self._ctl_topology: Topology | None = None
         self._ctl_selection = self._selection
 
@@ -259,11 +269,42 @@ class RuntimeBridge(QObject):
         self._submit(partial(self._topology_job, topology_file))
         self._replan()
 
+    @property
+    def serve_view(self) -> ServeView:
+        return self._serve_view
+
+    def start_serving(self) -> bool:
+        """Serve the open pipeline on 127.0.0.1:``serve_port`` (0: any free port) from a
+        background thread, apart from the studio's own run (its stages load again there).
+        False when no pipeline is open or a server runs already."""
+        if self._config is None or self._serve_view.state not in ("stopped", "failed"):
+            return False
+        self._show_serving(ServeView(state="starting"))
+        self._submit(partial(self._serve_start_job, self._config, self.serve_port))
+        return True
+
+    def stop_serving(self) -> bool:
+        """Stop the server and close its pipelines; False when none runs."""
+        if self._serve_view.state not in ("starting", "serving"):
+            return False
+        self._show_serving(
+            ServeView(
+                state="stopping",
+                address=self._serve_view.address,
+                models=self._serve_view.models,
+                served=self._serve_view.served,
+                recent=self._serve_view.recent,
+            )
+        )
+        self._submit(self._serve_stop_job)
+        return True
+
     def shutdown(self) -> None:
         """Cancel, retire everything, stop the control thread; ``shut_down`` follows."""
         if self._state in (RunState.CLOSING, RunState.CLOSED):
             return
         self._set_state(RunState.CLOSING)
+        self._submit(self._serve_stop_job)
         self._submit(self._unload_job)
         self._thread.stop()
 
@@ -422,7 +463,60 @@ class RuntimeBridge(QObject):
         if session is not None:
             session.close()
 
+    def _serve_start_job(self, config: PipelineConfig, port: int) -> None:
+        server = OmniServer(
+            [config],
+            ServeOptions(port=port),
+            topology=self._ctl_topology,
+            selection=self._ctl_selection,
+            progress=lambda line: self._post_studio_line(f"serve: {line}"),
+        )
+        try:
+            server.start()
+            server.start_background()
+        except OmniError as exc:
+            server.close()
+            self._post(partial(self._show_serving, ServeView(state="failed", error=str(exc))))
+            return
+        # Called on the server's thread for each answered request.
+        server.stats.listener = lambda served: self._post(partial(self._served, served))
+        self._server = server
+        registry = server.registry
+        models = tuple(registry.pipelines) if registry is not None else ()
+        view = ServeView(state="serving", address=server.address, models=models)
+        self._post(partial(self._show_serving, view))
+        self._post_studio_line(f"serving {', '.join(models)} at {server.address}")
+
+    def _serve_stop_job(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.stats.listener = None
+            server.close()
+            self._post_studio_line("stopped serving")
+        self._post(partial(self._show_serving, ServeView(state="stopped")))
+
     # -- GUI-thread continuations ------------------------------------------------------
+
+    def _show_serving(self, view: ServeView) -> None:
+        self._serve_view = view
+        self.serve_changed.emit(view)
+
+    def _served(self, served: ServedRequest) -> None:
+        view = self._serve_view
+        if view.state != "serving":
+            return
+        line = ServedLine(
+            served.method, served.path, served.model, served.status, served.duration_s
+        )
+        self._show_serving(
+            ServeView(
+                state=view.state,
+                address=view.address,
+                models=view.models,
+                served=view.served + 1,
+                recent=(*view.recent, line)[-SERVED_SHOWN:],
+            )
+        )
 
     def _topology_ready(self, topology: Topology, selection: DeviceSelection) -> None:
         self._topology = topology

@@ -166,8 +166,7 @@ def parse_chat_request(document: Mapping[str, Any], limits: ServeLimits) -> Chat
     if not isinstance(raw, list) or not raw:
         found = "missing" if raw is None else "empty" if raw == [] else type(raw).__name__
         raise invalid(
-            f"'messages' is {found}; accepted: a "
-            "non-empty list of {'role', 'content'} objects",
+            f"'messages' is {found}; accepted: a non-empty list of {{'role', 'content'}} objects",
             param="messages",
         )
     if len(raw) > limits.max_messages:
