@@ -736,7 +736,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--only",
         metavar="ID[,ID...]",
-        help="run only these: graph, handoff, startup, ledger, speech, vllm, studio, memory",
+        help="run only these: graph, handoff, startup, ledger, speech, vllm, studio, serve, memory",
     )
     bench.add_argument(
         "--update-readme",
