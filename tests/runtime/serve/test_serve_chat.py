@@ -102,6 +102,8 @@ def test_a_chat_completion_with_its_usage(client: openai.OpenAI) -> None:
     assert choice.finish_reason == "length"
     assert completion.usage is not None
     assert completion.usage.completion_tokens == 16
+    # The engine's count of the prompt the chat template made (a dozen tokens or more).
+    assert completion.usage.prompt_tokens > 10
     assert completion.usage.total_tokens == (
         completion.usage.prompt_tokens + completion.usage.completion_tokens
     )
@@ -124,6 +126,7 @@ def test_a_streamed_chat_completion_matches_the_whole_one(client: openai.OpenAI)
     assert chunks[-1].choices == []
     assert chunks[-1].usage is not None
     assert chunks[-1].usage.completion_tokens == 24
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens  # type: ignore[union-attr]
     assert len({chunk.id for chunk in chunks}) == 1
 
 
