@@ -235,6 +235,9 @@ class ServedPipeline:
             in_flight = len(self._in_flight)
             finished = dict(self._finished)
             state = self._state
+        if state == "ready" and omni is not None and not self._usable(omni):
+            # A cancelled call retired a stage: the pipeline is about to be recreated.
+            state = "restarting"
         return PipelineStatus(
             name=self.name,
             kind=self.kind,
@@ -264,6 +267,10 @@ class ServedPipeline:
         request = omni.orchestrator.submit(inputs)
         return Submitted(self, omni, request)
 
+    @staticmethod
+    def _usable(omni: Omni) -> bool:
+        return all(client.usable for client in omni.orchestrator.clients)
+
     def cancel(self, omni: Omni, request_id: str) -> None:
         """Cancel at once (never blocks); a stage the cancel retired gets the pipeline
         recreated in the background."""
@@ -274,7 +281,7 @@ class ServedPipeline:
         # The request is wound up once its stages were cancelled: then look at what is left.
         with self._settled:
             self._settled.wait_for(lambda: request_id not in self._in_flight, SETTLE_S)
-        if all(client.usable for client in omni.orchestrator.clients):
+        if self._usable(omni):
             return
         with self._lock:
             if self._omni is not omni or self._state != "ready":
