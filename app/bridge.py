@@ -15,6 +15,7 @@ run one at a time in submission order.
 
 from __future__ import annotations
 
+import importlib
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -71,7 +72,6 @@ from runtime.events import (
 from runtime.ledger import LedgerEvent, ResourceLedger
 from runtime.pipeline_files import export_missing_voices, is_manifest_path
 from runtime.planning import plan_pipeline
-from runtime.serve import DEFAULT_PORT, OmniServer, ServedRequest, ServeOptions
 
 if TYPE_CHECKING:
     import concurrent.futures as cf
@@ -80,11 +80,24 @@ if TYPE_CHECKING:
     from runtime.config import PipelineConfig
     from runtime.devices import Topology
     from runtime.engine.orchestrator import Request
+    from runtime.serve import OmniServer, ServedRequest
 
 #: Loggers whose records the Log panel shows (runtime, workers' stderr, the ledger).
 FORWARDED_LOGGERS = ("omni", "runtime")
 #: Requests the Serve panel lists.
 SERVED_SHOWN = 50
+
+
+def serve_unavailable_reason() -> str | None:
+    """Why this build cannot serve (the desktop build leaves the server out), or None."""
+    try:
+        importlib.import_module("runtime.serve")
+    except ImportError as exc:
+        return (
+            f"this build has no HTTP server ({exc.name} is not included); install the "
+            "omni-edge-studio Python package to serve (omni-edge serve)"
+        )
+    return None
 
 
 @dataclass
@@ -156,8 +169,10 @@ class RuntimeBridge(QObject):
         self._metrics = RunMetrics()
         self._cancel_after_load = False
         self._serve_view = ServeView()
-        #: The port the Serve switch listens on (0: any free port).
-        self.serve_port = DEFAULT_PORT
+        #: The port the Serve switch listens on (None: the server's default, 0: any free one).
+        self.serve_port: int | None = None
+        #: Why the Serve switch cannot work in this build, or None.
+        self.serve_unavailable = serve_unavailable_reason()
         # Control-thread state.
         self._session: _Session | None = None
         self._server: OmniServer | None = None
@@ -278,6 +293,9 @@ class RuntimeBridge(QObject):
         background thread, apart from the studio's own run (its stages load again there).
         False when no pipeline is open or a server runs already."""
         if self._config is None or self._serve_view.state not in ("stopped", "failed"):
+            return False
+        if self.serve_unavailable is not None:
+            self._show_serving(ServeView(state="failed", error=self.serve_unavailable))
             return False
         self._show_serving(ServeView(state="starting"))
         self._submit(partial(self._serve_start_job, self._config, self.serve_port))
@@ -463,10 +481,13 @@ class RuntimeBridge(QObject):
         if session is not None:
             session.close()
 
-    def _serve_start_job(self, config: PipelineConfig, port: int) -> None:
+    def _serve_start_job(self, config: PipelineConfig, port: int | None) -> None:
+        from runtime.serve import OmniServer, ServeOptions
+
+        options = ServeOptions() if port is None else ServeOptions(port=port)
         server = OmniServer(
             [config],
-            ServeOptions(port=port),
+            options,
             topology=self._ctl_topology,
             selection=self._ctl_selection,
             progress=lambda line: self._post_studio_line(f"serve: {line}"),

@@ -94,6 +94,8 @@ class MainWindow(QMainWindow):
         self.metrics_panel = MetricsPanel()
         self.log_panel = LogPanel()
         self.serve_panel = ServePanel()
+        if self.bridge.serve_unavailable is not None:
+            self.serve_panel.set_unavailable(self.bridge.serve_unavailable)
         self.panels = QTabWidget()
         self.panels.setDocumentMode(True)
         for name, widget in zip(

@@ -51,7 +51,15 @@ class ServePanel(QWidget):
         layout.addWidget(self.requests, 1)
         self._updating = False
         self._available = False
+        self._unavailable: str | None = None
         self._state = "stopped"
+
+    def set_unavailable(self, reason: str) -> None:
+        """This build cannot serve: the switch stays off and says why."""
+        self._unavailable = reason
+        self.address_label.setText(reason)
+        self.address_label.setWordWrap(True)
+        self._enable()
 
     def set_available(self, available: bool) -> None:
         """Starting needs an open pipeline; a running server can always be stopped."""
@@ -59,7 +67,9 @@ class ServePanel(QWidget):
         self._enable()
 
     def _enable(self) -> None:
-        startable = self._state in ("stopped", "failed") and self._available
+        startable = (
+            self._state in ("stopped", "failed") and self._available and self._unavailable is None
+        )
         self.switch.setEnabled(startable or self._state == "serving")
 
     def _on_toggled(self, checked: bool) -> None:
@@ -80,6 +90,8 @@ class ServePanel(QWidget):
         elif view.state == "failed":
             self.address_label.setText(f"could not serve: {view.error}")
             self.address_label.setStyleSheet(f"color: {BAD};")
+        elif self._unavailable is not None:
+            self.address_label.setText(self._unavailable)
         else:
             self.address_label.setText(view.state if view.state != "stopped" else "not serving")
             self.address_label.setStyleSheet("")

@@ -14,6 +14,24 @@ import numpy as np
 from app.models import RunState
 
 
+def test_without_the_server_in_the_build_the_switch_stays_off_and_says_why(
+    make_window: Callable[..., Any], qtbot: Any, demo_root: Path, monkeypatch: Any
+) -> None:
+    import app.bridge
+
+    # What the desktop build does: runtime.serve is left out of it.
+    monkeypatch.setattr(
+        app.bridge, "serve_unavailable_reason", lambda: "this build has no HTTP server"
+    )
+    window = make_window()
+    with qtbot.waitSignal(window.bridge.pipeline_opened, timeout=30_000):
+        window.open_path(demo_root / "pipelines" / "add.yaml")
+    assert not window.serve_panel.switch.isEnabled()
+    assert window.serve_panel.address_label.text() == "this build has no HTTP server"
+    assert not window.bridge.start_serving()
+    assert window.bridge.serve_view.state == "failed"
+
+
 def test_the_serve_switch_serves_the_open_pipeline_and_counts_requests(
     make_window: Callable[..., Any], qtbot: Any, demo_root: Path
 ) -> None:
