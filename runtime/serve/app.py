@@ -66,7 +66,8 @@ RECENT: Final = 200
 
 @dataclass(frozen=True, slots=True)
 class ServedRequest:
-    """One answered request, as the studio lists it."""
+    """One answered request, as the studio lists it: ``duration_s`` runs until the answer
+    started (a streamed answer goes on after)."""
 
     method: str
     path: str
@@ -156,6 +157,10 @@ async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     watch = asyncio.ensure_future(_wait_disconnect(request))
     try:
         await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        # The handler itself was cancelled (the server stops): so is the work.
+        task.cancel()
+        raise
     finally:
         watch.cancel()
     if task.done():

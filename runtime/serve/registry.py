@@ -257,15 +257,24 @@ class ServedPipeline:
         with self._lock:
             omni, state = self._omni, self._state
         if omni is None or state != "ready":
-            raise ApiError(
-                503,
-                f"pipeline {self.name} is {state}; retry shortly",
-                type=SERVER,
-                code="pipeline_unavailable",
-                headers={"Retry-After": str(RESTART_RETRY_AFTER_S)},
-            )
-        request = omni.orchestrator.submit(inputs)
+            raise self._unavailable(state)
+        try:
+            request = omni.orchestrator.submit(inputs)
+        except UsageError:
+            if not omni.orchestrator.running:
+                # Closed under this request by a restart or the server stopping.
+                raise self._unavailable("restarting") from None
+            raise
         return Submitted(self, omni, request)
+
+    def _unavailable(self, state: str) -> ApiError:
+        return ApiError(
+            503,
+            f"pipeline {self.name} is {state}; retry shortly",
+            type=SERVER,
+            code="pipeline_unavailable",
+            headers={"Retry-After": str(RESTART_RETRY_AFTER_S)},
+        )
 
     @staticmethod
     def _usable(omni: Omni) -> bool:
@@ -371,8 +380,9 @@ class PipelineRegistry:
         return pipeline
 
     def close(self) -> None:
-        """Close every pipeline (cancelling their requests); idempotent."""
-        self._background.shutdown(wait=True, cancel_futures=True)
+        """Close every pipeline (cancelling their requests); idempotent. A recreation under
+        way sees its pipeline closed and closes what it started."""
         pipelines, self.pipelines = list(self.pipelines.values()), {}
         for pipeline in reversed(pipelines):
             pipeline.close()
+        self._background.shutdown(wait=True, cancel_futures=True)
