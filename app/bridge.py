@@ -2,7 +2,7 @@
 
 ``RuntimeBridge`` owns a control thread (:class:`app.control.ControlThread`) that makes every
 blocking runtime call — describing a pipeline, starting and closing an ``Orchestrator``,
-cancelling — and it is the only module that subscribes to runtime callbacks (the
+cancelling — and it is the only object that subscribes to runtime callbacks (the
 orchestrator's ``EventBus``, the ``ResourceLedger``, the runtime's loggers, request output
 streams). Those callbacks run on runtime threads; the bridge turns what they carry into plain
 values from :mod:`app.models` with :mod:`app.presenters` and emits Qt signals, which Qt queues
@@ -12,6 +12,10 @@ A run's audio does not wait for the GUI thread: where the window gave the bridge
 sink (:meth:`RuntimeBridge.set_audio_sink`, the studio's ``AudioOutput``), each chunk is queued
 for playback on the runtime thread that delivered it, before the GUI sees it; the GUI then
 only draws it (``ReceivedAudio.queued``).
+
+Two parts of the bridge live in their own modules: the device selection and topology
+(:mod:`app.bridge_devices`, a mixin) and the Serve switch (:mod:`app.bridge_serving`, whose
+server reports through the bridge's ``post``).
 
 State that belongs to the GUI (``state``, the current request) is touched only on the GUI
 thread; state that belongs to the runtime (the orchestrator) only in control jobs, which
@@ -25,11 +29,12 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from PySide6.QtCore import QObject, Qt, Signal
 
+from app.bridge_devices import DeviceSelectionMixin
+from app.bridge_serving import ServeSwitch, serve_unavailable_reason
 from app.control import ControlThread, LogForwarder
 from app.models import (
     ErrorInfo,
@@ -39,10 +44,12 @@ from app.models import (
     ReceivedAudio,
     RunOutcome,
     RunState,
+    ServeView,
     TextChunk,
 )
 from app.presenters import (
     RUN_IN_PROGRESS,
+    AudioSink,
     OpenedPipeline,
     RunMetrics,
     describe_pipeline,
@@ -51,19 +58,13 @@ from app.presenters import (
     execution_view,
     ledger_view,
     plan_view,
-    toggled_selection,
-    topology_view,
+    queue_audio,
 )
 from runtime.devices import (
     DeviceSelection,
-    discover_topology,
-    load_selection,
-    load_topology,
-    save_selection,
-    selection_path,
 )
 from runtime.engine.orchestrator import Orchestrator
-from runtime.engine.outputs import END, AudioChunk, OmniRequestOutput
+from runtime.engine.outputs import END, OmniRequestOutput
 from runtime.errors import ModelError, OmniError, RequestCancelled, UsageError
 from runtime.events import (
     Event,
@@ -110,37 +111,7 @@ class _Session:
 # ----------------------------------------------------------------------------- the bridge
 
 
-class AudioSink(Protocol):
-    """Where a run's PCM goes for playback, from any thread (``app.playback.AudioOutput``)."""
-
-    def begin(self, request_id: str) -> None:
-        """Take chunks of ``request_id`` from now on (GUI thread, before any arrives)."""
-
-    def feed(self, pcm: np.ndarray, sample_rate: int, *, request_id: str | None = None) -> None:
-        """Queue one chunk (any thread); a chunk of another request than the current is dropped."""
-
-
-def _queue_audio(sink: AudioSink, request_id: str, done: cf.Future[Any]) -> bool:
-    """Feed an output's audio to ``sink`` on the thread that delivered it; True when fed."""
-    if done.cancelled() or done.exception() is not None:
-        return False
-    item = done.result()
-    if not isinstance(item, OmniRequestOutput):
-        return False
-    try:
-        audio = AudioChunk.from_output(item)
-    except ModelError:
-        return False  # the GUI reports it when it turns the output into values
-    if audio is None or not audio.pcm.size:
-        return False
-    try:
-        sink.feed(np.array(audio.pcm, dtype=np.float32), audio.sample_rate, request_id=request_id)
-    except ValueError:
-        return False  # a chunk at another rate: the GUI reports it
-    return True
-
-
-class RuntimeBridge(QObject):
+class RuntimeBridge(DeviceSelectionMixin, QObject):
     """The studio's runtime: one ledger, one loaded pipeline at a time, signals out.
 
     Run loads the pipeline's stages when they are not loaded; a completed run keeps them
@@ -162,6 +133,7 @@ class RuntimeBridge(QObject):
     run_finished = Signal(object)  # RunOutcome
     error = Signal(object)  # ErrorInfo
     log_line = Signal(object)  # LogLine
+    serve_changed = Signal(object)  # ServeView
     shut_down = Signal()
 
     _posted = Signal(object)
@@ -187,6 +159,14 @@ class RuntimeBridge(QObject):
         self._metrics = RunMetrics()
         self._cancel_after_load = False
         self._audio_sink: AudioSink | None = None
+        self._serving = ServeSwitch(
+            submit=self._submit,
+            post=self._post,
+            emit=self.serve_changed.emit,
+            line=self._post_studio_line,
+            machine=lambda: (self._ctl_topology, self._ctl_selection),
+            unavailable=serve_unavailable_reason(),
+        )
         # Control-thread state.
         self._session: _Session | None = None
         self._ctl_topology: Topology | None = None
@@ -274,34 +254,39 @@ class RuntimeBridge(QObject):
         self._unload_then_ready()
         return True
 
-    def set_device_allowed(self, physical_id: str, allowed: bool) -> None:
-        """Allow or exclude one device; saved to the selection file the CLI reads."""
-        topology = self._topology
-        if topology is None:
-            return
-        try:
-            selection = toggled_selection(self._selection, topology, physical_id, allowed)
-        except UsageError as exc:
-            self.error.emit(error_info(exc))
-            return
-        self._apply_selection(selection)
+    @property
+    def serve_view(self) -> ServeView:
+        return self._serving.view
 
-    def allow_all_devices(self) -> None:
-        self._apply_selection(DeviceSelection())
+    @property
+    def serve_port(self) -> int | None:
+        """The port the Serve switch listens on (None: the server's default, 0: any free)."""
+        return self._serving.port
 
-    def set_topology_source(self, topology_file: Path | None) -> None:
-        """Use this machine (None) or a topology file for plans and runs."""
-        if self._state.busy:
-            return
-        self._unload_if_idle()
-        self._submit(partial(self._topology_job, topology_file))
-        self._replan()
+    @serve_port.setter
+    def serve_port(self, port: int | None) -> None:
+        self._serving.port = port
+
+    @property
+    def serve_unavailable(self) -> str | None:
+        """Why the Serve switch cannot work in this build, or None."""
+        return self._serving.unavailable
+
+    def start_serving(self) -> bool:
+        """Serve the open pipeline (see :class:`ServeSwitch`); False when none is open or a
+        server runs already."""
+        return self._config is not None and self._serving.start(self._config)
+
+    def stop_serving(self) -> bool:
+        """Stop the server and close its pipelines; False when none runs."""
+        return self._serving.stop()
 
     def shutdown(self) -> None:
         """Cancel, retire everything, stop the control thread; ``shut_down`` follows."""
         if self._state in (RunState.CLOSING, RunState.CLOSED):
             return
         self._set_state(RunState.CLOSING)
+        self._submit(self._serving.stop_job)
         self._submit(self._unload_job)
         self._thread.stop()
 
@@ -329,14 +314,6 @@ class RuntimeBridge(QObject):
         """A studio log line from the control thread."""
         self._post(partial(self._studio_line, text))
 
-    def _apply_selection(self, selection: DeviceSelection) -> None:
-        self._selection = selection
-        if self._topology is not None:
-            self.topology_changed.emit(topology_view(self._topology, selection, selection_path()))
-        self._submit(partial(self._selection_job, selection))
-        self._unload_if_idle()
-        self._replan()
-
     def _unload_if_idle(self) -> None:
         if self._state is RunState.LOADED:
             self._unload_then_ready()
@@ -356,39 +333,6 @@ class RuntimeBridge(QObject):
             self._submit(partial(self._plan_job, self._info.path))
 
     # -- control-thread jobs ------------------------------------------------------------
-
-    def _topology_job(self, topology_file: Path | None) -> None:
-        try:
-            topology = (
-                discover_topology() if topology_file is None else load_topology(topology_file)
-            )
-            selection = (
-                self._selection_override
-                if self._selection_override is not None
-                else load_selection()
-            )
-        except OmniError as exc:
-            self._post(partial(self.error.emit, error_info(exc)))
-            if self._ctl_topology is not None:
-                return
-            topology = discover_topology()
-            selection = DeviceSelection()
-        self._ctl_topology = topology
-        self._ctl_selection = selection
-        self._post(partial(self._topology_ready, topology, selection))
-
-    def _selection_job(self, selection: DeviceSelection) -> None:
-        self._ctl_selection = selection
-        if self._selection_override is None:
-            try:
-                file = save_selection(selection)
-            except OSError as exc:
-                message = f"cannot save the device selection to {selection_path()}: {exc}"
-                self._post(
-                    partial(self.error.emit, ErrorInfo("Device selection not saved", message))
-                )
-                return
-            self._post(partial(self._studio_line, f"device selection saved to {file}"))
 
     def _open_job(self, path: Path) -> None:
         assert self._ctl_topology is not None
@@ -462,12 +406,6 @@ class RuntimeBridge(QObject):
 
     # -- GUI-thread continuations ------------------------------------------------------
 
-    def _topology_ready(self, topology: Topology, selection: DeviceSelection) -> None:
-        self._topology = topology
-        self._selection = selection
-        self.topology_changed.emit(topology_view(topology, selection, selection_path()))
-        self.ledger_changed.emit(self.ledger_snapshot())
-
     def _opened(self, opened: OpenedPipeline) -> None:
         if self._state is not RunState.OPENING:
             return
@@ -532,7 +470,7 @@ class RuntimeBridge(QObject):
 
         def delivered(done: cf.Future[Any]) -> None:
             # A runtime thread: the audio goes to the player before the GUI hears of it.
-            queued = sink is not None and _queue_audio(sink, request_id, done)
+            queued = sink is not None and queue_audio(sink, request_id, done)
             self._stream_item.emit(request_id, done, time.monotonic(), queued)
 
         future.add_done_callback(delivered)

@@ -464,3 +464,32 @@ def compare_outputs(
             Comparison(name, ok, max_abs, max_rel if math.isfinite(max_rel) else None, problem)
         )
     return tuple(results)
+
+
+# ------------------------------------------------------------------------------- serving
+
+
+@dataclass(frozen=True, slots=True)
+class ServedLine:
+    """One request the local server answered."""
+
+    method: str
+    path: str
+    model: str | None
+    status: int
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ServeView:
+    """The local OpenAI-compatible server: ``state`` is ``stopped``, ``starting``,
+    ``serving``, ``stopping`` or ``failed`` (with ``error``); ``address`` is the base URL
+    while serving; ``served`` counts the answered requests and ``recent`` lists the last
+    ones, newest last."""
+
+    state: str = "stopped"
+    address: str | None = None
+    models: tuple[str, ...] = ()
+    served: int = 0
+    recent: tuple[ServedLine, ...] = ()
+    error: str | None = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -43,11 +43,12 @@ from app.models import (
 from runtime.artifacts import load_example_inputs, verify_bundle
 from runtime.config import GraphBackendConfig, load_pipeline
 from runtime.devices import DISCOVERED, DeviceSelection
-from runtime.engine.outputs import AUDIO_KEYS, AudioChunk
+from runtime.engine.outputs import AUDIO_KEYS, AudioChunk, OmniRequestOutput
 from runtime.errors import (
     AdmissionRefused,
     ConfigError,
     DeviceExcluded,
+    ModelError,
     OmniError,
     PlacementRefused,
     ResourceUnavailable,
@@ -71,12 +72,12 @@ from runtime.pipeline_input import TENSOR_INPUT, example_text, input_kind
 from runtime.planning import plan_pipeline
 
 if TYPE_CHECKING:
+    import concurrent.futures as cf
     from collections.abc import Mapping
 
     from runtime.artifacts import BundleReport
     from runtime.config import PipelineConfig
     from runtime.devices import Topology
-    from runtime.engine.outputs import OmniRequestOutput
     from runtime.ledger import LedgerSnapshot
     from runtime.planning import PipelinePlan
 
@@ -539,3 +540,36 @@ def toggled_selection(
     }:
         return DeviceSelection()
     return selection
+
+
+# --- audio for playback, off the GUI thread ----------------------------------------------------
+
+
+class AudioSink(Protocol):
+    """Where a run's PCM goes for playback, from any thread (``app.playback.AudioOutput``)."""
+
+    def begin(self, request_id: str) -> None:
+        """Take chunks of ``request_id`` from now on (GUI thread, before any arrives)."""
+
+    def feed(self, pcm: np.ndarray, sample_rate: int, *, request_id: str | None = None) -> None:
+        """Queue one chunk (any thread); a chunk of another request than the current is dropped."""
+
+
+def queue_audio(sink: AudioSink, request_id: str, done: cf.Future[Any]) -> bool:
+    """Feed an output's audio to ``sink`` on the thread that delivered it; True when fed."""
+    if done.cancelled() or done.exception() is not None:
+        return False
+    item = done.result()
+    if not isinstance(item, OmniRequestOutput):
+        return False
+    try:
+        audio = AudioChunk.from_output(item)
+    except ModelError:
+        return False  # the GUI reports it when it turns the output into values
+    if audio is None or not audio.pcm.size:
+        return False
+    try:
+        sink.feed(np.array(audio.pcm, dtype=np.float32), audio.sample_rate, request_id=request_id)
+    except ValueError:
+        return False  # a chunk at another rate: the GUI reports it
+    return True

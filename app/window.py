@@ -47,9 +47,10 @@ from app.widgets.output import OutputArea
 from app.widgets.pipelines import PipelinesPane, droppable_paths
 from app.widgets.plan import PlanPanel
 from app.widgets.run_pane import RunPane
+from app.widgets.serve import ServePanel
 
 APP_TITLE = "Omni Edge Studio"
-PANELS = ("devices", "plan", "manifest", "metrics", "log")
+PANELS = ("devices", "plan", "manifest", "metrics", "log", "serve")
 DEFAULT_SIZE = QSize(1480, 920)
 #: The Metrics panel and the status bar show event-loop lateness over this many seconds.
 STALL_WINDOW_S = 10.0
@@ -93,6 +94,9 @@ class MainWindow(QMainWindow):
         self.manifest_panel = ManifestPanel()
         self.metrics_panel = MetricsPanel()
         self.log_panel = LogPanel()
+        self.serve_panel = ServePanel()
+        if self.bridge.serve_unavailable is not None:
+            self.serve_panel.set_unavailable(self.bridge.serve_unavailable)
         self.panels = QTabWidget()
         self.panels.setDocumentMode(True)
         for name, widget in zip(
@@ -103,6 +107,7 @@ class MainWindow(QMainWindow):
                 self.manifest_panel,
                 self.metrics_panel,
                 self.log_panel,
+                self.serve_panel,
             ),
             strict=True,
         ):
@@ -211,6 +216,8 @@ class MainWindow(QMainWindow):
         bridge.run_finished.connect(self._on_finished)
         bridge.error.connect(self.banner.show_error)
         bridge.log_line.connect(self.log_panel.add_line)
+        bridge.serve_changed.connect(self.serve_panel.show_view)
+        self.serve_panel.serve_toggled.connect(self._on_serve_toggled)
         bridge.shut_down.connect(self._on_shut_down)
         self.banner.action_triggered.connect(self._on_banner_action)
         self.pipelines.pipeline_chosen.connect(self.open_path)
@@ -354,6 +361,12 @@ class MainWindow(QMainWindow):
                 f"{format_bytes(view.quarantined_total)} quarantined"
             )
 
+    def _on_serve_toggled(self, serve: bool) -> None:
+        if serve:
+            self.bridge.start_serving()
+        else:
+            self.bridge.stop_serving()
+
     def _on_opened(self, info: PipelineInfo) -> None:
         self.setWindowTitle(f"{info.name} — {APP_TITLE}")
         self.run_pane.show_pipeline(info)
@@ -361,6 +374,7 @@ class MainWindow(QMainWindow):
         self.plan_panel.show_plan(info.plan)
         self.plan_panel.show_execution(None)
         self.manifest_panel.show_manifests(info.manifests)
+        self.serve_panel.set_available(True)
         self.output.new_run()
         self.output.status.set_status("no run yet", "#6b7785")
         self.output.show_streams(info.input_kind is InputKind.TEXT)

@@ -26,6 +26,7 @@ from benchmarks import (
     handoff,
     ledger_ops,
     memory,
+    serve_load,
     speech_figures,
     startup,
     studio_figures,
@@ -55,7 +56,7 @@ README: Final = PROJECT_ROOT / "README.md"
 JSON_NAME: Final = "latest.json"
 MARKDOWN_NAME: Final = "latest.md"
 #: Benchmarks whose pipelines need the exported speech voice.
-NEEDS_VOICE: Final = frozenset({"speech", "studio", "memory"})
+NEEDS_VOICE: Final = frozenset({"speech", "studio", "memory", "serve"})
 
 
 def all_benchmarks() -> list[Benchmark]:
@@ -68,6 +69,7 @@ def all_benchmarks() -> list[Benchmark]:
         speech_figures.BENCHMARK,
         vllm_figures.BENCHMARK,
         studio_figures.BENCHMARK,
+        serve_load.BENCHMARK,
         memory.benchmark(),
     ]
 

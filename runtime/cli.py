@@ -512,6 +512,42 @@ def cmd_speak(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import signal
+
+    from .serve import OmniServer, ServeOptions, resolve_api_key
+
+    # The key is checked before anything loads: a refused address costs no start-up.
+    api_key = resolve_api_key(args.host, args.api_key_env)
+    options = ServeOptions(host=args.host, port=args.port, api_key=api_key)
+    if args.pipelines:
+        pipelines: list[str | Path] = list(args.pipelines)
+    else:
+        from .adapters.voice_export import ensure_voice_bundles
+        from .assets import demo_pipeline
+
+        ensure_voice_bundles("joe", progress=_progress)
+        pipelines = [demo_pipeline("add"), demo_pipeline("speak")]
+    server = OmniServer(
+        pipelines,
+        options,
+        topology=_topology(args) if args.topology else None,
+        selection=_selection(args),
+        progress=_progress,
+    )
+    with server:
+        server.start()
+        assert server.registry is not None
+        for pipeline in server.registry.pipelines.values():
+            _progress(f"model {pipeline.name} ({pipeline.kind})")
+        key_note = f"; clients send the key in ${args.api_key_env}" if api_key else ""
+        print(f"serving {server.address}{key_note}", flush=True)
+        _progress("press Ctrl+C to stop")
+        received = server.serve_forever()
+    _progress("stopped; every pipeline was closed")
+    return EXIT_INTERRUPTED if received == signal.SIGINT else EXIT_OK
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
@@ -664,6 +700,33 @@ def build_parser() -> argparse.ArgumentParser:
     _add_machine_args(speak)
     speak.set_defaults(handler=cmd_speak)
 
+    serve = commands.add_parser(
+        "serve",
+        help="serve pipelines over an OpenAI-compatible HTTP API (chat, speech, graph runs)",
+    )
+    serve.add_argument(
+        "pipelines",
+        nargs="*",
+        metavar="PIPELINE.yaml",
+        help="pipelines to serve, each as the model of its name (default: the add and speech "
+        "demos)",
+    )
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; another needs --api-key-env)",
+    )
+    serve.add_argument(
+        "--port", type=int, default=8080, help="port to listen on (default 8080; 0: any free)"
+    )
+    serve.add_argument(
+        "--api-key-env",
+        metavar="VAR",
+        help="require 'Authorization: Bearer <key>' with the key held by this variable",
+    )
+    _add_machine_args(serve)
+    serve.set_defaults(handler=cmd_serve)
+
     bench = commands.add_parser(
         "bench",
         help="measure every speed goal beside its baseline; write benchmarks/results/latest.*",
@@ -677,7 +740,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--only",
         metavar="ID[,ID...]",
-        help="run only these: graph, handoff, startup, ledger, speech, vllm, studio, memory",
+        help="run only these: graph, handoff, startup, ledger, speech, vllm, studio, serve, memory",
     )
     bench.add_argument(
         "--update-readme",

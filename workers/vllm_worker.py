@@ -342,6 +342,7 @@ class LlmWorker:
                 token_ids = tuple(int(token) for token in completion.token_ids)
                 if not finished and not token_ids and not completion.text:
                     continue
+                prompt_ids = getattr(output, "prompt_token_ids", None) if finished else None
                 self._send(
                     DeltaMessage(
                         message.request_id,
@@ -350,6 +351,7 @@ class LlmWorker:
                         token_ids,
                         finished,
                         reason,
+                        None if prompt_ids is None else len(prompt_ids),
                     )
                 )
         except asyncio.CancelledError:

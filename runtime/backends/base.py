@@ -68,6 +68,8 @@ class Delta:
     finish_reason: str | None
     index: int
     received_at: float
+    #: The prompt's length in tokens, on the last delta where the engine reports it.
+    prompt_tokens: int | None = None
 
 
 class StageDetail(Protocol):

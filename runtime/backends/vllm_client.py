@@ -489,6 +489,7 @@ class VllmStageClient(WorkerStageClient[LlmReadyMessage]):
                 finish_reason=message.finish_reason,
                 index=request.count,
                 received_at=received,
+                prompt_tokens=message.prompt_tokens,
             )
         )
         request.count += 1

@@ -370,7 +370,8 @@ class DeltaMessage(LlmMessage):
     """New output of one request: the text added and the token ids added since the last delta.
 
     The last delta of a request has ``finished`` true and a ``finish_reason``; earlier ones
-    have ``finished`` false and ``finish_reason`` null.
+    have ``finished`` false and ``finish_reason`` null. ``prompt_tokens`` is the prompt's
+    length in tokens, sent with the last delta (optional: null or absent when unknown).
     """
 
     KIND: ClassVar[str] = "delta"
@@ -381,6 +382,7 @@ class DeltaMessage(LlmMessage):
     token_ids: tuple[int, ...]
     finished: bool
     finish_reason: str | None
+    prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         kind = self.KIND
@@ -393,6 +395,7 @@ class DeltaMessage(LlmMessage):
                 _bad(kind, "finish_reason", self.finish_reason, f"one of {sorted(FINISH_REASONS)}")
         elif self.finish_reason is not None:
             _bad(kind, "finish_reason", self.finish_reason, "null until the request is finished")
+        _check_opt_int(kind, "prompt_tokens", self.prompt_tokens)
 
 
 @dataclass(frozen=True, slots=True)

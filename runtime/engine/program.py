@@ -129,6 +129,8 @@ class TextStream(AsyncIterator[str]):
         self._ended = False
         self._parts: list[str] = []
         self.tokens = 0
+        #: The prompt's length in tokens, once the engine reported it (None: not reported).
+        self.prompt_tokens: int | None = None
         self.finish_reason: str | None = None
         self._started_at = 0.0
         self._first_at: float | None = None
@@ -186,6 +188,8 @@ class TextStream(AsyncIterator[str]):
                     self._first_at = time.perf_counter()
                 self._parts.append(delta.text)
             self.tokens += len(delta.token_ids)
+            if delta.prompt_tokens is not None:
+                self.prompt_tokens = delta.prompt_tokens
             if delta.finished:
                 self.finish_reason = delta.finish_reason or "stop"
                 self._finished_at = time.perf_counter()
@@ -216,6 +220,7 @@ class TextStream(AsyncIterator[str]):
         run_s = end - self._started_at if self._started_at else 0.0
         return {
             "tokens": self.tokens,
+            "prompt_tokens": self.prompt_tokens,
             "finish_reason": self.finish_reason,
             "text_chars": sum(len(part) for part in self._parts),
             "time_to_first_token_s": None

@@ -16,6 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import httpx
+
 if __package__ in (None, ""):
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
@@ -49,6 +51,30 @@ def settle(seconds: float) -> None:
     loop = QEventLoop()
     QTimer.singleShot(int(seconds * 1000), loop.quit)
     loop.exec()
+
+
+def serve_on(window: MainWindow) -> None:
+    """The Serve switch on, with one request answered (the models list)."""
+    bridge = window.bridge
+    bridge.serve_port = 0
+    window.serve_panel.switch.setChecked(True)
+    wait_until(
+        lambda: bridge.serve_view.state == "serving", [bridge.serve_changed], TIMEOUT_S, "serving"
+    )
+    address = bridge.serve_view.address
+    assert address is not None
+    httpx.get(f"{address}/models", timeout=30).raise_for_status()
+    wait_until(
+        lambda: bridge.serve_view.served == 1, [bridge.serve_changed], TIMEOUT_S, "a request"
+    )
+
+
+def serve_off(window: MainWindow) -> None:
+    bridge = window.bridge
+    window.serve_panel.switch.setChecked(False)
+    wait_until(
+        lambda: bridge.serve_view.state == "stopped", [bridge.serve_changed], TIMEOUT_S, "stopping"
+    )
 
 
 def speech_shot(window: MainWindow, out: Path) -> None:
@@ -125,8 +151,12 @@ def main(out: Path, loop_pipeline: Path, endless: Path, speech: bool = False) ->
         grab(window, window, out / "main-window-result.png")
         for name in PANELS:
             window.show_panel(name)
+            if name == "serve":
+                serve_on(window)
             settle(0.3)
             grab(window, window.panels, out / f"panel-{name}.png")
+            if name == "serve":
+                serve_off(window)
 
         topology = assets_dir() / "topologies" / "hx370-rtx5090-laptop.yaml"
         window.show_panel("devices")

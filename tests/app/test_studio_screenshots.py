@@ -24,7 +24,7 @@ EXPECTED = (
     "main-window-result.png",
     "devices-hx370-rtx5090-laptop.png",
     "error-banner.png",
-    *(f"panel-{name}.png" for name in ("devices", "plan", "manifest", "metrics", "log")),
+    *(f"panel-{name}.png" for name in ("devices", "plan", "manifest", "metrics", "log", "serve")),
 )
 
 

@@ -208,6 +208,9 @@ def test_the_suite_declares_every_figure_of_the_issue() -> None:
         "vllm.ttft",
         "vllm.tokens_per_s",
         "studio.stall_p99",
+        "serve.latency_p50",
+        "serve.latency_p99",
+        "serve.answered",
         "memory.add",
         "memory.mlp_chain",
     ):

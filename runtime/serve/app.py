@@ -1,0 +1,503 @@
+"""The ASGI application: OpenAI's endpoints over the served pipelines.
+
+- ``GET /v1/models``: every pipeline as a model (``id`` = pipeline name, ``kind``).
+- ``POST /v1/chat/completions``: pipelines with a language-model stage, streamed (SSE) or not.
+- ``POST /v1/audio/speech``: speech pipelines; a WAV (streaming size) or raw PCM16 streamed as
+  it is produced.
+- ``POST /v1/omni/run``: graph pipelines, an ``.npz`` in and an ``.npz`` out
+  (``?model=NAME``).
+- ``GET /v1/omni/pipelines``: each pipeline's state and the requests holding its slots.
+
+Admission is the runtime's: a busy pipeline answers 429 with ``Retry-After``. A client that
+disconnects cancels its request through the orchestrator at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import struct
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+import numpy as np
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from runtime.engine.outputs import AudioChunk
+from runtime.errors import OmniError
+from runtime.serve.errors import AUTHENTICATION, NOT_FOUND, ApiError, from_runtime_error, invalid
+from runtime.serve.limits import ServeLimits
+from runtime.serve.registry import CHAT, GRAPH, SPEECH, Submitted
+from runtime.serve.requests import (
+    decode_json,
+    dump_npz,
+    load_npz,
+    parse_chat_request,
+    parse_speech_request,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable
+
+    from starlette.requests import Request
+    from starlette.types import Receive, Scope, Send
+
+    from runtime.engine.outputs import OmniRequestOutput
+    from runtime.serve.registry import PipelineRegistry, ServedPipeline
+    from runtime.serve.requests import ChatRequest
+
+log = logging.getLogger("omni.serve")
+
+T = TypeVar("T")
+NPZ_MEDIA: Final = "application/x-npz"
+#: The size a streamed WAV declares: unknown, as OpenAI's streamed WAVs do.
+STREAMING_SIZE: Final = 0xFFFFFFFF
+#: Requests the server remembers for :meth:`ServeStats.recent`.
+RECENT: Final = 200
+
+
+@dataclass(frozen=True, slots=True)
+class ServedRequest:
+    """One answered request, as the studio lists it: ``duration_s`` runs until the answer
+    started (a streamed answer goes on after)."""
+
+    method: str
+    path: str
+    model: str | None
+    status: int
+    duration_s: float
+    finished_at: float
+
+
+class ServeStats:
+    """Counts of answered requests and the most recent ones; ``listener`` hears each."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._recent: deque[ServedRequest] = deque(maxlen=RECENT)
+        self.total = 0
+        self.listener: Callable[[ServedRequest], None] | None = None
+
+    def record(self, served: ServedRequest) -> None:
+        with self._lock:
+            self.total += 1
+            self._recent.append(served)
+        listener = self.listener
+        if listener is not None:
+            listener(served)
+
+    def recent(self) -> list[ServedRequest]:
+        with self._lock:
+            return list(self._recent)
+
+
+class ClientGone(Exception):
+    """The client disconnected before the answer was ready."""
+
+
+class _ClosingStream(StreamingResponse):
+    """A streamed answer whose request is closed (cancelled unless it ended) however the
+    stream ends: finished, failed, or cut by the client's disconnect."""
+
+    def __init__(
+        self, content: AsyncIterator[bytes], submitted: Submitted, media_type: str
+    ) -> None:
+        super().__init__(content, media_type=media_type)
+        self._submitted = submitted
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._submitted.close()
+
+
+def _error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+async def _read_body(request: Request, limit: int, what: str) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(
+            413,
+            f"the {what} body has {declared} bytes; accepted: at most {limit}",
+            code="request_too_large",
+        )
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(
+                413,
+                f"the {what} body has more than {limit} bytes; accepted: at most {limit}",
+                code="request_too_large",
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """``work``'s result, or ClientGone as soon as the client disconnects (``work`` is then
+    cancelled)."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        # The handler itself was cancelled (the server stops): so is the work.
+        task.cancel()
+        raise
+    finally:
+        watch.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    raise ClientGone
+
+
+def _sse(document: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(document, separators=(',', ':'))}\n\n".encode()
+
+
+def _usage(output: OmniRequestOutput | None, prompt_tokens: int) -> dict[str, int]:
+    completion = 0
+    if output is not None:
+        tokens = output.metrics.get("tokens")
+        if isinstance(tokens, int):
+            completion = tokens
+        else:
+            completion = sum(
+                int(call.get("tokens") or 0) for call in output.metrics.get("stages", ())
+            )
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+    }
+
+
+def _finish_reason(output: OmniRequestOutput | None) -> str:
+    if output is None:
+        return "stop"
+    reason = output.metrics.get("finish_reason")
+    if reason is None:
+        reasons = [call.get("finish_reason") for call in output.metrics.get("stages", ())]
+        reason = next((r for r in reversed(reasons) if r), None)
+    return "length" if reason == "length" else "stop"
+
+
+def _prompt_tokens(output: OmniRequestOutput | None) -> int:
+    if output is None:
+        return 0
+    tokens = output.metrics.get("prompt_tokens")
+    return tokens if isinstance(tokens, int) else 0
+
+
+def _pcm16(pcm: np.ndarray) -> bytes:
+    samples: np.ndarray = (np.clip(pcm, -1.0, 1.0) * 32767.0).astype("<i2")
+    return samples.tobytes()
+
+
+def wav_header(sample_rate: int, *, data_bytes: int = STREAMING_SIZE) -> bytes:
+    """A 44-byte header of mono 16-bit PCM; by default with the streaming (unknown) size."""
+    riff = STREAMING_SIZE if data_bytes == STREAMING_SIZE else 36 + data_bytes
+    return (
+        b"RIFF"
+        + struct.pack("<I", riff)
+        + b"WAVE"
+        + b"fmt "
+        + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
+        + b"data"
+        + struct.pack("<I", data_bytes)
+    )
+
+
+class ServeApp:
+    """The endpoints over one registry; :attr:`asgi` is the Starlette application."""
+
+    def __init__(
+        self,
+        registry: PipelineRegistry,
+        *,
+        api_key: str | None = None,
+        limits: ServeLimits | None = None,
+        stats: ServeStats | None = None,
+    ) -> None:
+        self.registry = registry
+        self.limits = limits or ServeLimits()
+        self.stats = stats or ServeStats()
+        self._api_key = api_key.encode() if api_key else None
+        self.created = int(time.time())
+        routes = [
+            Route("/v1/models", self._wrap(self.models), methods=["GET"]),
+            Route("/v1/models/{model:path}", self._wrap(self.model), methods=["GET"]),
+            Route("/v1/chat/completions", self._wrap(self.chat), methods=["POST"]),
+            Route("/v1/audio/speech", self._wrap(self.speech), methods=["POST"]),
+            Route("/v1/omni/run", self._wrap(self.graph_run), methods=["POST"]),
+            Route("/v1/omni/pipelines", self._wrap(self.pipelines), methods=["GET"]),
+        ]
+        self.asgi = Starlette(
+            routes=routes, exception_handlers={HTTPException: self._http_exception}
+        )
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    async def _http_exception(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 404:
+            error = ApiError(
+                404,
+                f"no endpoint {request.url.path}; accepted: /v1/models, /v1/chat/completions, "
+                "/v1/audio/speech, /v1/omni/run, /v1/omni/pipelines",
+                type=NOT_FOUND,
+                code="unknown_url",
+            )
+        else:
+            error = ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
+        return _error_response(error)
+
+    def _check_key(self, request: Request) -> None:
+        if self._api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), self._api_key
+        ):
+            problem = "no API key was given" if not header else "the API key is not the server's"
+            raise ApiError(
+                401,
+                f"{problem}; accepted: the header 'Authorization: Bearer <key>' with the key "
+                "the server was started with",
+                type=AUTHENTICATION,
+                code="invalid_api_key",
+            )
+
+    def _wrap(
+        self, handler: Callable[[Request], Awaitable[Response]]
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            started = time.perf_counter()
+            status = 500
+            try:
+                self._check_key(request)
+                response = await handler(request)
+                status = response.status_code
+                return response
+            except ApiError as refused:
+                status = refused.status
+                return _error_response(refused)
+            except OmniError as exc:
+                mapped = from_runtime_error(exc)
+                status = mapped.status
+                return _error_response(mapped)
+            except ClientGone:
+                status = 499
+                return Response(status_code=499)
+            finally:
+                self.stats.record(
+                    ServedRequest(
+                        request.method,
+                        request.url.path,
+                        request.scope.get("omni.model"),
+                        status,
+                        time.perf_counter() - started,
+                        time.time(),
+                    )
+                )
+
+        return endpoint
+
+    def _pipeline(self, request: Request, name: str, kind: str) -> ServedPipeline:
+        request.scope["omni.model"] = name
+        pipeline = self.registry.get(name)
+        if pipeline.kind != kind:
+            fitting = sorted(p.name for p in self.registry.pipelines.values() if p.kind == kind)
+            raise invalid(
+                f"the model {name!r} is a {pipeline.kind} pipeline; {request.url.path} takes "
+                f"{kind} pipelines: {', '.join(fitting) or 'none is served'}",
+                param="model",
+                code="wrong_model_kind",
+            )
+        return pipeline
+
+    async def _submit(self, pipeline: ServedPipeline, inputs: Any) -> Submitted:
+        # Preparing a request (phonemizing, converting arrays) runs off the server's loop.
+        return await asyncio.get_running_loop().run_in_executor(None, pipeline.submit, inputs)
+
+    # -- endpoints ---------------------------------------------------------------------
+
+    def _model_entry(self, pipeline: ServedPipeline) -> dict[str, Any]:
+        return {
+            "id": pipeline.name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "omni-edge",
+            "kind": pipeline.kind,
+        }
+
+    async def models(self, request: Request) -> Response:
+        entries = [self._model_entry(p) for p in self.registry.pipelines.values()]
+        return JSONResponse({"object": "list", "data": entries})
+
+    async def model(self, request: Request) -> Response:
+        name = request.path_params["model"]
+        request.scope["omni.model"] = name
+        return JSONResponse(self._model_entry(self.registry.get(name)))
+
+    async def pipelines(self, request: Request) -> Response:
+        statuses = [p.status().to_json() for p in self.registry.pipelines.values()]
+        return JSONResponse({"object": "list", "data": statuses})
+
+    async def chat(self, request: Request) -> Response:
+        document = decode_json(await _read_body(request, self.limits.max_json_bytes, "JSON"))
+        chat = parse_chat_request(document, self.limits)
+        pipeline = self._pipeline(request, chat.model, CHAT)
+        max_len = pipeline.max_model_len
+        wanted = chat.sampling.get("max_tokens")
+        if max_len is not None and isinstance(wanted, int) and wanted >= max_len:
+            raise invalid(
+                f"'max_tokens' is {wanted}; accepted: less than the model's max_model_len "
+                f"{max_len}",
+                param="max_tokens",
+            )
+        assert pipeline.chat_template is not None
+        prompt = pipeline.chat_template.render(chat.messages)
+        submitted = await self._submit(pipeline, {"text": prompt, **chat.sampling})
+        completion_id = f"chatcmpl-{submitted.request_id}"
+        if chat.stream:
+            return _ClosingStream(
+                self._chat_chunks(chat, submitted, completion_id),
+                submitted,
+                "text/event-stream",
+            )
+        try:
+            text, final = await _unless_disconnected(request, self._chat_text(submitted))
+        finally:
+            submitted.close()
+        return JSONResponse(
+            {
+                "id": completion_id,
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": chat.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "finish_reason": _finish_reason(final),
+                        "logprobs": None,
+                    }
+                ],
+                "usage": _usage(final, _prompt_tokens(final)),
+            }
+        )
+
+    @staticmethod
+    async def _chat_text(submitted: Submitted) -> tuple[str, OmniRequestOutput | None]:
+        parts: list[str] = []
+        final = None
+        while (output := await submitted.next()) is not None:
+            if output.finished:
+                final = output
+            elif output.text:
+                parts.append(output.text)
+        return "".join(parts), final
+
+    async def _chat_chunks(
+        self, chat: ChatRequest, submitted: Submitted, completion_id: str
+    ) -> AsyncIterator[bytes]:
+        created = int(time.time())
+
+        def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+            return {
+                "id": completion_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": chat.model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
+
+        yield _sse(chunk({"role": "assistant", "content": ""}, None))
+        final = None
+        try:
+            while (output := await submitted.next()) is not None:
+                if output.finished:
+                    final = output
+                elif output.text:
+                    yield _sse(chunk({"content": output.text}, None))
+        except OmniError as exc:
+            yield _sse(from_runtime_error(exc).body())
+            yield b"data: [DONE]\n\n"
+            return
+        yield _sse(chunk({}, _finish_reason(final)))
+        if chat.include_usage:
+            document = chunk({}, None)
+            document["choices"] = []
+            document["usage"] = _usage(final, _prompt_tokens(final))
+            yield _sse(document)
+        yield b"data: [DONE]\n\n"
+
+    async def speech(self, request: Request) -> Response:
+        document = decode_json(await _read_body(request, self.limits.max_json_bytes, "JSON"))
+        voices = {p.name: p.voices for p in self.registry.pipelines.values() if p.kind == SPEECH}
+        speech = parse_speech_request(document, self.limits, voices)
+        pipeline = self._pipeline(request, speech.model, SPEECH)
+        rate = pipeline.sample_rate
+        submitted = await self._submit(pipeline, speech.input)
+        media = "audio/wav" if speech.response_format == "wav" else "audio/pcm"
+        return _ClosingStream(
+            self._audio(submitted, rate, wav=speech.response_format == "wav"), submitted, media
+        )
+
+    @staticmethod
+    async def _audio(submitted: Submitted, rate: int, *, wav: bool) -> AsyncIterator[bytes]:
+        if wav:
+            yield wav_header(rate)
+        while (output := await submitted.next()) is not None:
+            chunk = AudioChunk.from_output(output)
+            if chunk is not None and chunk.pcm.size:
+                yield _pcm16(chunk.pcm)
+
+    async def graph_run(self, request: Request) -> Response:
+        name = request.query_params.get("model")
+        if not name:
+            served = sorted(p.name for p in self.registry.pipelines.values() if p.kind == GRAPH)
+            raise invalid(
+                f"no model was named; accepted: /v1/omni/run?model=NAME with NAME one of "
+                f"{', '.join(served) or 'none is served'}",
+                param="model",
+                code="missing_model",
+            )
+        pipeline = self._pipeline(request, name, GRAPH)
+        inputs = load_npz(await _read_body(request, self.limits.max_npz_bytes, ".npz"))
+        submitted = await self._submit(pipeline, inputs)
+        try:
+            body = await _unless_disconnected(request, self._graph_outputs(submitted))
+        finally:
+            submitted.close()
+        return Response(body, media_type=NPZ_MEDIA)
+
+    @staticmethod
+    async def _graph_outputs(submitted: Submitted) -> bytes:
+        body = b""
+        while (output := await submitted.next()) is not None:
+            if output.finished:
+                # The outputs are views over the worker's memory until acknowledged: the
+                # archive is their one copy.
+                body = dump_npz(output.outputs)
+        return body
