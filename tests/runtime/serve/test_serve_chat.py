@@ -214,6 +214,11 @@ def test_requests_beyond_max_num_seqs_get_429(client: openai.OpenAI, server: Ser
         raise AssertionError("three times, a stream ended before a third request was sent")
     assert f"it admits {MAX_NUM_SEQS} requests at a time" in str(refused)
     assert refused.response.headers["retry-after"] == "1"
-    completion = client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=4)
+    try:
+        completion = client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=4)
+    except openai.APIStatusError as exc:
+        # Name what the server said (a stage retired by a slow abort, say), not just the status.
+        tail = "\n".join(list(server.stderr)[-40:])
+        raise AssertionError(f"{exc}; the server's log ends with:\n{tail}") from exc
     assert completion.usage is not None
     assert completion.usage.completion_tokens == 4
