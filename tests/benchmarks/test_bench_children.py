@@ -86,7 +86,7 @@ def test_the_speech_hook_must_exist_and_return_numbers(
             "time_to_first_audio_s": 0.2,
             "one_process_first_audio_s": 0.1,
             "real_time_factor": 0.05,
-            "one_process_real_time_factor": 0.03,
+            "one_process_real_time_factor": 0.045,
             "repeats": 2 if quick else 5,
         }
 
@@ -94,7 +94,8 @@ def test_the_speech_hook_must_exist_and_return_numbers(
     first, rtf = speech_figures.measure(_options(tmp_path))
     assert (first.ratio, first.passed) == (2.0, False)
     assert "acoustic stage" in first.note
-    assert (rtf.measurement, rtf.baseline, rtf.passed) == (0.05, 0.03, True)
+    # Within 1.2x of Piper's own real-time factor.
+    assert (rtf.measurement, rtf.baseline, rtf.passed) == (0.05, 0.045, True)
     assert rtf.details["repeats"] == 2
 
 

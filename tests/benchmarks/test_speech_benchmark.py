@@ -66,11 +66,9 @@ def test_quick_run_writes_measurement_baseline_ratio_and_goal(
         assert _finite(figure["baseline"])
         assert figure["ratio"] == pytest.approx(figure["measurement"] / figure["baseline"], 0.01)
         assert isinstance(figure["pass"], bool)
-    assert figures["time_to_first_audio"]["goal"] == "ratio <= 1.5"
-    assert figures["real_time_factor"]["goal"] == "<= 0.1"
-    assert figures["real_time_factor"]["pass"] is (
-        figures["real_time_factor"]["measurement"] <= 0.1
-    )
+    assert figures["time_to_first_audio"]["goal"] == "ratio <= 1.0"
+    assert figures["real_time_factor"]["goal"] == "ratio <= 1.2"
+    assert figures["real_time_factor"]["pass"] is (figures["real_time_factor"]["ratio"] <= 1.2)
 
 
 def test_the_suite_hook_returns_the_four_figures(
