@@ -296,7 +296,16 @@ class ServedPipeline:
             if self._omni is not omni or self._state != "ready":
                 return
             self._state = "restarting"
-        log.info("pipeline %s: a cancelled call retired a stage; recreating it", self.name)
+        reasons = "; ".join(
+            str(client.failure)
+            for client in omni.orchestrator.clients
+            if not client.usable and client.failure is not None
+        )
+        log.warning(
+            "pipeline %s: a cancelled call retired a stage (%s); recreating it",
+            self.name,
+            reasons or "a stage stopped",
+        )
         omni.close()
         try:
             renewed = self._start()
@@ -308,6 +317,7 @@ class ServedPipeline:
         with self._lock:
             if self._state == "restarting":
                 self._omni, self._state = renewed, "ready"
+                log.warning("pipeline %s is ready again", self.name)
                 return
         renewed.close()
 

@@ -217,8 +217,21 @@ def test_requests_beyond_max_num_seqs_get_429(client: openai.OpenAI, server: Ser
     try:
         completion = client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=4)
     except openai.APIStatusError as exc:
-        # Name what the server said (a stage retired by a slow abort, say), not just the status.
         tail = "\n".join(list(server.stderr)[-40:])
-        raise AssertionError(f"{exc}; the server's log ends with:\n{tail}") from exc
+        # On a starved machine an abort may outlast its stated bound: the stage is then
+        # retired and the pipeline recreated, as the server's log says; a client retries.
+        if (
+            exc.status_code != 503
+            or "was still running" not in tail
+            or not exc.response.headers.get("retry-after")
+        ):
+            raise AssertionError(f"{exc}; the server's log ends with:\n{tail}") from exc
+        wait_until(
+            lambda: server.pipelines()["chat"]["state"] == "ready",
+            "the pipeline to be recreated",
+            START_TIMEOUT_S,
+        )
+        assert "omni-edge: pipeline chat is ready again" in server.stderr
+        completion = client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=4)
     assert completion.usage is not None
     assert completion.usage.completion_tokens == 4
