@@ -883,6 +883,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="run only these: graph, handoff, startup, ledger, speech, vllm, studio, serve, memory",
     )
     bench.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run everything N times (1 to 20) and keep each figure's median run",
+    )
+    bench.add_argument(
         "--update-readme",
         action="store_true",
         help="rewrite the results table in README.md (between the bench markers)",
