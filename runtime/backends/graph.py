@@ -30,6 +30,7 @@ from runtime.backends.base import (
     WorkerRecord,
     check_usable,
 )
+from runtime.backends.borrowed import BorrowedReader
 from runtime.backends.placement import PlacementReport, gate_placement
 from runtime.backends.worker_client import WorkerStageClient, worker_launch_spec
 from runtime.contracts import FrameLimits, RequestKey
@@ -216,6 +217,8 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         # The retained result's shared buffers, acknowledged when its slot is freed.
         self._result_acks: list[tuple[str, int]] = []
         self.threads = spec.threads
+        # Direct calls read their results themselves while the loop lends them the pipe.
+        self._borrowed: BorrowedReader | None = None
 
     # -- state -----------------------------------------------------------------------
 
@@ -496,7 +499,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         log.warning("%s: %s", self.name, error)
 
     def _fail_waiting(self, error: OmniError) -> None:
-        for _, future in self._pending.values():
+        for _, future in list(self._pending.values()):
             if not future.done():
                 future.set_exception(error)
         self._pending.clear()
@@ -516,6 +519,8 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         worker's buffers, valid until :meth:`acknowledge` (or :meth:`cancel`) frees the slot.
         """
         assert self._loop is not None
+        if self._borrowed is not None and self._borrowed.lent:
+            await self._borrowed.take_back(self.timeouts.shutdown_s)
         future: asyncio.Future[Any] = self._loop.create_future()
         assert self._channel is not None
         sent = self._send_call(key, inputs, future, from_loop=self._channel.loop_reading)
@@ -543,22 +548,74 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
     ) -> CallResult:
         """:meth:`call` from a thread other than the loop's, blocking it until the result.
 
-        The call frame is written from the calling thread and the loop, which reads the
-        pipe, hands the result straight to it: no loop task runs for the call. Cancelling
-        the request (from any thread) fails the wait with RequestCancelled, as for
-        :meth:`call`; so does the worker's death with its error."""
+        The call frame is written from the calling thread, and the loop lends it the pipe
+        (:mod:`runtime.backends.borrowed`): the thread reads its result itself, with no loop
+        task and no hop between threads. Cancelling the request (from any thread) fails the
+        wait with RequestCancelled, as for :meth:`call`; so does the worker's death with its
+        error."""
         future: cf.Future[Any] = cf.Future()
-        sent = self._send_call(key, inputs, future, from_loop=False)
-        try:
-            if on_sent is not None:
-                on_sent()
-            result, arrays = future.result()
-        except OmniError:
-            self._call_failed(key)
-            raise
+        borrowed = self._borrowed_reader()
+        with borrowed.lock:
+            # The pipe is lent before the call goes out: its result is this thread's to read.
+            lent = borrowed.borrow()
+            sent = self._send_call(key, inputs, future, from_loop=False)
+            try:
+                if on_sent is not None:
+                    on_sent()
+                if lent:
+                    borrowed.wait(future)
+                result, arrays = future.result()
+            except OmniError:
+                self._call_failed(key)
+                raise
+            finally:
+                borrowed.called()
         # Anything else (KeyboardInterrupt) leaves the call running: the caller cancels the
         # request, which fences the call and retires the worker as for any active call.
         return self._call_result(key, sent, result, arrays)
+
+    def _borrowed_reader(self) -> BorrowedReader:
+        reader = self._borrowed
+        if reader is None:
+            assert self._channel is not None
+            assert self._loop is not None
+            reader = self._borrowed = BorrowedReader(
+                self._channel,
+                self._loop,
+                take=self._take_result,
+                on_frame=self._on_frame_loop,
+                usable=lambda: self.usable and not self._closed,
+            )
+        return reader
+
+    def _take_result(self, frame: Frame) -> bool:
+        """On a thread the pipe is lent to: deliver the result of a direct call waiting for
+        it (True); anything else is the loop's (False)."""
+        if frame.kind != "result":
+            return False
+        channel = self._channel
+        assert channel is not None
+        try:
+            message = decode_message(frame, WORKER_TO_CONTROLLER)
+        except ValueError:
+            return False
+        if not isinstance(message, ResultMessage):
+            return False
+        entry = self._pending.get(message.call_id)
+        if entry is None or entry[0].epoch != message.epoch or isinstance(entry[1], asyncio.Future):
+            return False
+        try:
+            arrays, acks = channel.arrays_from_frame(frame, message.output_names, copy=False)
+        except (ValueError, ExecutionError):
+            return False
+        self._pending.pop(message.call_id, None)
+        future = entry[1]
+        if future.done():
+            self._send_acks(acks)
+            return True
+        self._result_acks = acks
+        future.set_result((message, arrays))
+        return True
 
     def _send_call(
         self,
@@ -708,8 +765,19 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
             cleanup,
         )
 
+    async def close(self) -> None:
+        """As for any worker; the loop takes the pipe back first (the bye arrives on it)."""
+        borrowed = self._borrowed
+        if borrowed is not None:
+            await borrowed.take_back(self.timeouts.shutdown_s)
+        try:
+            await super().close()
+        finally:
+            if borrowed is not None:
+                borrowed.close()
+
     def _close_waiting(self) -> None:
-        for _, future in self._pending.values():
+        for _, future in list(self._pending.values()):
             if not future.done():
                 future.set_exception(StageRetired(f"{self.name} was closed"))
         self._pending.clear()

@@ -199,6 +199,12 @@ class FramedChannel:
         self._consumer: ShmConsumer | None = None
         self._arena_reader: ArenaReader | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # The loop reader's callbacks, kept to lend the pipe and take it back.
+        self._loop_readable: Callable[[], None] | None = None
+        self._loop_on_frame: Callable[[Frame], None] | None = None
+        self._loop_finish: Callable[[BaseException | None], None] | None = None
+        self._loop_paused = False
+        self._borrowed_failure: FrameError | None = None
         #: Send call, result and ack frames with the compact binary header (set once the
         #: peer offered ``binary-header``); every frame received is accepted either way.
         self.binary_headers = False
@@ -766,7 +772,66 @@ class FramedChannel:
             if failure is not None:
                 finish(self._protocol_error(failure, failure.code))
 
+        self._loop_readable = readable
+        self._loop_on_frame = on_frame
+        self._loop_finish = finish
+        self._loop_paused = False
         loop.add_reader(fd, readable)
+
+    # Lending the pipe to a thread that waits for one reply (runtime/backends/borrowed.py).
+
+    def pause_loop_reader(self) -> bool:
+        """Stop the loop watching the pipe (on the loop's thread): another thread reads it
+        with :meth:`read_borrowed` until :meth:`resume_loop_reader`. False when the loop
+        does not read this channel."""
+        loop, fd = self._loop, self._read_fd
+        if loop is None or fd is None or self._loop_readable is None or self._loop_paused:
+            return False
+        loop.remove_reader(fd)
+        self._loop_paused = True
+        return True
+
+    def resume_loop_reader(self) -> None:
+        """Watch the pipe on the loop again (on the loop's thread). Frames the borrowing
+        thread decoded but did not take, and a malformed frame it met, are the loop's now."""
+        if not self._loop_paused:
+            return
+        self._loop_paused = False
+        loop, fd, readable = self._loop, self._read_fd, self._loop_readable
+        if loop is None or fd is None or readable is None or loop.is_closed():
+            return
+        on_frame, finish = self._loop_on_frame, self._loop_finish
+        while self._ready and on_frame is not None:
+            on_frame(self._ready.popleft())
+        failure, self._borrowed_failure = self._borrowed_failure, None
+        if failure is not None and finish is not None:
+            finish(self._protocol_error(failure, failure.code))
+            return
+        loop.add_reader(fd, readable)
+
+    def read_borrowed(self) -> list[Frame] | None:
+        """The whole frames the lent pipe holds now (none when it holds only part of one);
+        None at the end of the stream, when reading fails or at a malformed frame: the
+        borrower then hands the pipe back, and the loop reports what ended it."""
+        fd = self._read_fd
+        if fd is None or not self._loop_paused:
+            return None
+        try:
+            data = self._read_fd_into(fd, READ_CHUNK)
+        except BlockingIOError:
+            return []
+        except (OSError, ValueError):
+            return None
+        if not data:
+            return None
+        try:
+            self._feed(data)
+        except FrameError as exc:
+            self._borrowed_failure = exc
+            return None
+        frames = list(self._ready)
+        self._ready.clear()
+        return frames
 
     def _stop_loop_reader(self) -> None:
         loop, self._loop = self._loop, None
