@@ -47,6 +47,7 @@ from runtime.contracts.messages import (
     decode_message,
 )
 from runtime.contracts.process import GRAPH_TMPDIR_PREFIX, PRIVATE_TMPDIR_VARIABLE
+from runtime.devices import ep_device_request
 from runtime.errors import (
     ConfigError,
     ExecutionError,
@@ -69,6 +70,8 @@ if TYPE_CHECKING:
     from runtime.backends.threads import ThreadPlan
     from runtime.config import RouteConfig
     from runtime.contracts.codec import Frame
+    from runtime.contracts.devices import DeviceDescriptor
+    from runtime.contracts.ep_device import AppliedDevice, EpDeviceRequest
     from runtime.contracts.messages import Message, TensorSpec
     from runtime.events import EventBus
     from runtime.host import LaunchSpec, RetireOutcome
@@ -112,6 +115,32 @@ class GraphStageSpec:
     bundle: VerifiedBundle
     route: RouteConfig
     threads: ThreadPlan | None = None
+    #: The device admission chose for the stage (None: ONNX Runtime's default device).
+    device: DeviceDescriptor | None = None
+
+    def load_device(self) -> EpDeviceRequest | None:
+        """What the worker is asked to find among ONNX Runtime's devices."""
+        return None if self.device is None else ep_device_request(self.device)
+
+
+def device_record(spec: GraphStageSpec, applied: AppliedDevice | None) -> dict[str, Any]:
+    """A graph stage's ``device`` entry of ``execution_plan``: the device admission chose,
+    the route's provider options and plugin library, and what the worker applied."""
+    device, route = spec.device, spec.route
+    return {
+        "requested": None
+        if device is None
+        else {
+            "physical_id": device.physical_id,
+            "name": device.name,
+            "kind": device.kind.value,
+            "vendor_id": device.vendor_id,
+            "device_id": device.device_id,
+        },
+        "provider_options": dict(route.provider_options),
+        "ep_library": route.ep_library,
+        "applied": None if applied is None else applied.to_wire(),
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +173,7 @@ class GraphStageDetail:
     arenas: ArenaRecord | None
     usable: bool
     failure: str | None
+    applied_device: AppliedDevice | None = None
 
     def to_json(self) -> dict[str, Any]:
         bundle, route, threads = self.spec.bundle, self.spec.route, self.spec.threads
@@ -166,6 +196,7 @@ class GraphStageDetail:
                 "allowed_providers": list(route.allowed_providers),
             },
             "reservation": None if self.reservation is None else self.reservation.to_json(),
+            "device": device_record(self.spec, self.applied_device),
             "placement": None if self.placement is None else self.placement.to_json(),
             "inputs": [spec.to_wire() for spec in self.inputs],
             "outputs": [spec.to_wire() for spec in self.outputs],
@@ -280,6 +311,9 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
             intra_op_threads=0 if self.threads is None else self.threads.intra_op_threads,
             allow_spinning=True if self.threads is None else self.threads.allow_spinning,
             binary_headers=BINARY_FEATURE in self.peer_features,
+            device=self.spec.load_device(),
+            provider_options=self.route.provider_options,
+            ep_library=self.route.ep_library,
         )
         # Calls go out with binary headers to a worker that offered them.
         channel.binary_headers = BINARY_FEATURE in self.peer_features
@@ -337,6 +371,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
             arenas=self._arena_record(),
             usable=self.usable,
             failure=None if self._failure is None else str(self._failure),
+            applied_device=None if ready is None else ready.device,
         )
         return StageRecord(stage=self.name, backend=BACKEND_NAME, detail=detail)
 
@@ -727,7 +762,7 @@ _VERIFICATION_CODES = frozenset(
         "bad_example_inputs",
     }
 )
-_PLACEMENT_CODES = frozenset({"provider_absent", "placement_unavailable"})
+_PLACEMENT_CODES = frozenset({"provider_absent", "device_absent", "placement_unavailable"})
 
 
 def worker_error(stage: str, code: str, message: str, *, cpu_allowed: bool) -> OmniError:

@@ -345,6 +345,8 @@ def assemble_topology(inputs: DiscoveryInputs) -> Topology:
         seen_providers.add(record.ep_name)
         if record.device_type == "cpu":
             cpu.add_provider(record.ep_name)
+            if cpu.vendor_id is None:
+                cpu.vendor_id, cpu.device_id = record.vendor_id, record.device_id
             continue
         target = _match_ep_device(record, found)
         if target is None:
@@ -372,6 +374,8 @@ def assemble_topology(inputs: DiscoveryInputs) -> Topology:
             name=device.name,
             domain=inputs.domain,
             providers=device.providers,
+            vendor_id=device.vendor_id,
+            device_id=device.device_id,
         )
         for device in found
     ]

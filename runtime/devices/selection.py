@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import platformdirs
 
 from runtime.contracts.devices import DeviceDescriptor, DeviceKind, ExecutionDomain
+from runtime.contracts.ep_device import EpDeviceRequest
 from runtime.devices.topology import DISCOVERED
 from runtime.errors import ConfigError, DeviceExcluded, UsageError
 
@@ -295,3 +296,19 @@ def _device_list(devices: Iterable[DeviceDescriptor]) -> str:
         for device in devices
     ]
     return "; ".join(listed) or "none"
+
+
+#: ONNX Runtime's hardware device type for each device kind.
+_EP_DEVICE_TYPES: Mapping[DeviceKind, str] = MappingProxyType(
+    {DeviceKind.CPU: "cpu", DeviceKind.IGPU: "gpu", DeviceKind.DGPU: "gpu", DeviceKind.NPU: "npu"}
+)
+
+
+def ep_device_request(device: DeviceDescriptor) -> EpDeviceRequest:
+    """What a graph worker is asked to find among ONNX Runtime's devices for ``device``."""
+    return EpDeviceRequest(
+        physical_id=device.physical_id,
+        type=_EP_DEVICE_TYPES[device.kind],
+        vendor_id=device.vendor_id,
+        device_id=device.device_id,
+    )
