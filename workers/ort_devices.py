@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Protocol
 
 import onnxruntime as ort
+from onnxruntime.capi import onnxruntime_pybind11_state as _ort_state
 
 from runtime.contracts.ep_device import AppliedDevice, EpDeviceRequest
 from workers.errors import WorkerError
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ORT_DEVICE_API",
+    "ORT_EXTENSION_ERRORS",
     "DeviceApi",
     "EpDeviceEntry",
     "OrtDeviceApi",
@@ -37,6 +39,22 @@ __all__ = [
     "configure_providers",
     "select_ep_device",
 ]
+
+
+#: Every exception type the ONNX Runtime extension raises (they derive from Exception only).
+ORT_EXTENSION_ERRORS: Final[tuple[type[Exception], ...]] = (
+    *(
+        value
+        for value in vars(_ort_state).values()
+        if isinstance(value, type) and issubclass(value, Exception)
+    ),
+    RuntimeError,
+    ValueError,
+    TypeError,
+)
+
+#: What registering a plugin library can raise (a missing or unloadable file, too).
+_LIBRARY_ERRORS: Final[tuple[type[Exception], ...]] = (*ORT_EXTENSION_ERRORS, OSError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,13 +207,14 @@ def configure_providers(
     """Put the route's providers on ``options``: the target on the requested device with the
     route's options, then the other allowed providers (the CPU last, as its fallback).
 
-    A target provider that ONNX Runtime lists no device for (no device API, or a provider
-    built in without device entries) is given to the session by name with the route's
-    options instead: :attr:`SessionProviders.providers` is then set, and the caller checks
-    that the providers are available.
+    Where ONNX Runtime lists no device for one of the providers (no device API, or a provider
+    built in without device entries), every provider is given to the session by name, the
+    target with the route's options: :attr:`SessionProviders.providers` is then set, and the
+    caller checks that the providers are available. A requested device of a target that
+    does have device entries must still be among them.
 
-    Raises WorkerError: ``provider_absent`` when the library cannot be registered or a
-    provider lists no device, ``device_absent`` when the requested device is not listed.
+    Raises WorkerError: ``provider_absent`` when the library cannot be registered,
+    ``device_absent`` when the requested device is not listed.
     """
     route_options = dict(provider_options or {})
     entries = api.ep_devices()
@@ -215,7 +234,7 @@ def configure_providers(
             )
         try:
             api.register_library(target_provider, ep_library)
-        except (RuntimeError, ValueError, OSError) as exc:
+        except _LIBRARY_ERRORS as exc:
             raise WorkerError(
                 "provider_absent",
                 f"ONNX Runtime could not register the plugin library {ep_library!r} as "
@@ -223,9 +242,15 @@ def configure_providers(
                 subject=ep_library,
             ) from None
         entries = api.ep_devices()
-    if entries is None or not any(entry.ep_name == target_provider for entry in entries):
-        # No device API, or a provider it does not list (built in without device entries):
-        # the providers and the target's options go to the session directly.
+    listed = {entry.ep_name for entry in entries or ()}
+    chosen = None
+    if entries is not None and target_provider in listed:
+        # The requested device must exist, whichever way the session then gets it.
+        chosen = select_ep_device(device, target_provider, entries)
+    if chosen is None or entries is None or not listed.issuperset(providers):
+        # No device API, or a provider it lists no device for (one built in without device
+        # entries): the session gets every provider by name, the target with the route's
+        # options, on ONNX Runtime's default device of each.
         per_provider = tuple(
             route_options if provider == target_provider else {} for provider in providers
         )
@@ -236,21 +261,12 @@ def configure_providers(
             ep_library=ep_library,
         )
         return SessionProviders(tuple(providers), per_provider, applied)
-    chosen = select_ep_device(device, target_provider, entries)
     api.add_for_devices(options, [chosen], route_options)
     for provider in providers:
-        if provider == target_provider:
-            continue
-        others = [entry for entry in entries if entry.ep_name == provider]
-        if not others:
-            listed = "; ".join(entry.describe() for entry in entries) or "no device at all"
-            raise WorkerError(
-                "provider_absent",
-                f"the route allows {provider}, but this worker's ONNX Runtime "
-                f"({ort.__version__}) lists no device for it; it lists: {listed}",
-                subject=provider,
+        if provider != target_provider:
+            api.add_for_devices(
+                options, [entry for entry in entries if entry.ep_name == provider], {}
             )
-        api.add_for_devices(options, others, {})
     applied = AppliedDevice(
         method="ep_device",
         ep_name=chosen.ep_name,

@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import onnxruntime as ort
-from onnxruntime.capi import onnxruntime_pybind11_state as _ort_state
 
 from runtime.contracts.buffers import DescriptorError, DType
 from runtime.contracts.manifest import (
@@ -43,7 +42,12 @@ from runtime.contracts.manifest import (
 from runtime.contracts.messages import TensorSpec
 from runtime.onnx_wire import WireError, external_data_locations
 from workers.errors import WorkerError
-from workers.ort_devices import ORT_DEVICE_API, DeviceApi, configure_providers
+from workers.ort_devices import (
+    ORT_DEVICE_API,
+    ORT_EXTENSION_ERRORS,
+    DeviceApi,
+    configure_providers,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -96,17 +100,7 @@ _ALLOW_SPINNING: Final = "session.intra_op.allow_spinning"
 MAX_BUCKETS: Final = 16
 #: Folder name prefix of the temporary profile used where assignment info is unavailable.
 PROFILE_PREFIX: Final = "omni-edge-ort-profile-"
-#: Every exception type the ONNX Runtime extension raises (they derive from Exception only).
-_ORT_ERRORS: Final[tuple[type[Exception], ...]] = (
-    *(
-        value
-        for value in vars(_ort_state).values()
-        if isinstance(value, type) and issubclass(value, Exception)
-    ),
-    RuntimeError,
-    ValueError,
-    TypeError,
-)
+_ORT_ERRORS: Final = ORT_EXTENSION_ERRORS
 #: The same, for the worker that runs calls (public name).
 ORT_ERRORS: Final = _ORT_ERRORS
 
