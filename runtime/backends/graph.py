@@ -124,9 +124,9 @@ class GraphStageSpec:
 
 
 def device_record(spec: GraphStageSpec, applied: AppliedDevice | None) -> dict[str, Any]:
-    """A graph stage's ``device`` entry of ``execution_plan``: the device admission chose,
-    the route's provider options and plugin library, and what the worker applied."""
-    device, route = spec.device, spec.route
+    """A graph stage's ``device`` entry of ``execution_plan``: the device admission chose and
+    what the worker applied (the route's provider options are in its ``route`` entry)."""
+    device = spec.device
     return {
         "requested": None
         if device is None
@@ -137,8 +137,6 @@ def device_record(spec: GraphStageSpec, applied: AppliedDevice | None) -> dict[s
             "vendor_id": device.vendor_id,
             "device_id": device.device_id,
         },
-        "provider_options": dict(route.provider_options),
-        "ep_library": route.ep_library,
         "applied": None if applied is None else applied.to_wire(),
     }
 
@@ -185,16 +183,7 @@ class GraphStageDetail:
                 "component": bundle.manifest.component,
             },
             "worker": self.worker.to_json(),
-            "route": {
-                "name": route.name,
-                "interpreter": route.interpreter,
-                "worker": route.worker,
-                "ep": route.ep,
-                "os_domain": route.os_domain,
-                "max_io_bytes": route.max_io_bytes,
-                "min_fraction_on_target": route.min_fraction_on_target,
-                "allowed_providers": list(route.allowed_providers),
-            },
+            "route": route.to_json(),
             "reservation": None if self.reservation is None else self.reservation.to_json(),
             "device": device_record(self.spec, self.applied_device),
             "placement": None if self.placement is None else self.placement.to_json(),

@@ -87,6 +87,21 @@ class RouteConfig:
         """ONNX Runtime's name for this route's execution provider."""
         return EP_PROVIDERS[self.ep]
 
+    def to_json(self) -> dict[str, object]:
+        """The route as ``plan`` and ``execution_plan`` show it (``env`` left out)."""
+        return {
+            "name": self.name,
+            "interpreter": self.interpreter,
+            "worker": self.worker,
+            "ep": self.ep,
+            "os_domain": self.os_domain,
+            "max_io_bytes": self.max_io_bytes,
+            "min_fraction_on_target": self.min_fraction_on_target,
+            "allowed_providers": list(self.allowed_providers),
+            "provider_options": dict(self.provider_options),
+            "ep_library": self.ep_library,
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class GraphBackendConfig:

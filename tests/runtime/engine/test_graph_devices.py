@@ -70,7 +70,7 @@ def test_the_chosen_device_and_options_reach_the_worker_and_the_execution_plan(
         "vendor_id": found.vendor_id,
         "device_id": found.device_id,
     }
-    assert device["provider_options"] == OPTIONS
+    assert stage["route"]["provider_options"] == OPTIONS
     # What the worker process applied: the CPU provider's OrtEpDevice, with the options.
     assert device["applied"] == {
         "method": "ep_device",
