@@ -37,6 +37,7 @@ __all__ = [
     "OrtDeviceApi",
     "SessionProviders",
     "configure_providers",
+    "preload_cuda_libraries",
     "select_ep_device",
 ]
 
@@ -194,6 +195,18 @@ def select_ep_device(
     )
 
 
+#: Providers whose CUDA and cuDNN libraries may come as wheels (``onnxruntime-gpu[cuda,cudnn]``).
+_CUDA_PROVIDERS: Final = frozenset({"CUDAExecutionProvider", "TensorrtExecutionProvider"})
+
+
+def preload_cuda_libraries(providers: Sequence[str]) -> None:
+    """Load the CUDA and cuDNN libraries installed as wheels before a CUDA session is made
+    (ONNX Runtime finds them only when preloaded, or when torch was imported first)."""
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is not None and _CUDA_PROVIDERS.intersection(providers):
+        preload()
+
+
 def configure_providers(
     options: ort.SessionOptions,
     providers: Sequence[str],
@@ -217,6 +230,7 @@ def configure_providers(
     ``device_absent`` when the requested device is not listed.
     """
     route_options = dict(provider_options or {})
+    preload_cuda_libraries(providers)
     entries = api.ep_devices()
     if ep_library is not None:
         if entries is None:

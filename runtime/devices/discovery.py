@@ -7,7 +7,9 @@ one pure function, ``assemble_topology``, turns them into a Topology. Sources:
   host-memory allocation charges both ``machine:ram`` and ``wsl:quota``; the Windows host's
   own RAM is not visible from inside, so ``machine:ram`` shows the same numbers there.
 * NVIDIA GPUs through NVML (PyPI ``nvidia-ml-py``, module ``pynvml``): without the module or
-  the driver no GPU is listed and nothing fails. A GPU's id is its NVML UUID, which Windows
+  the driver no GPU is listed and nothing fails. A GPU NVML lists offers
+  ``CUDAExecutionProvider`` (the workers' CUDA environments reach it), whatever this
+  process's own ONNX Runtime build has. A GPU's id is its NVML UUID, which Windows
   and WSL report alike, so both views of one GPU merge into one device.
 * ONNX Runtime: ``get_ep_devices()`` (ORT >= 1.22) names the hardware each execution
   provider can use. A provider that ``get_available_providers()`` lists is not proof of a
@@ -365,6 +367,12 @@ def assemble_topology(inputs: DiscoveryInputs) -> Topology:
             )
         for target in targets:
             target.add_provider(provider)
+
+    for device in nvml_devices:
+        # NVML saw the GPU through the NVIDIA driver: CUDA reaches it from the workers'
+        # environments (ort-cuda, vllm-cuda) even where this process's ONNX Runtime has no
+        # CUDA provider; the worker's own ONNX Runtime is checked when the stage loads.
+        device.add_provider("CUDAExecutionProvider")
 
     found.sort(key=lambda device: _KIND_ORDER[device.kind])
     descriptors: list[DeviceDescriptor] = [
