@@ -312,7 +312,8 @@ def test_names_and_recipes_are_checked(tmp_path: Path) -> None:
     with pytest.raises(EnvError, match="environment name"):
         remove_env("a/b", root=tmp_path)
     with pytest.raises(
-        EnvError, match="unknown environment recipe 'nope'; accepted: ort-cpu, ort-cuda, vllm-cpu, vllm-cuda"
+        EnvError,
+        match="unknown environment recipe 'nope'; accepted: ort-cpu, ort-cuda, vllm-cpu, vllm-cuda",
     ):
         create_env("nope", root=tmp_path)
     with pytest.raises(EnvError, match="unknown environment recipe 'nope'"):
