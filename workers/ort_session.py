@@ -579,6 +579,9 @@ def open_graph(
             # The profile only lives until placement_of has read it.
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix=PROFILE_PREFIX))
             profile_prefix = Path(folder) / "ort"
+        if device is not None and device.type != "cpu":
+            # One process at a time initialises an accelerator (held through warm-up).
+            _hold_device_lock(stack, device.physical_id)
         session, applied = create_placed_session(
             graph,
             providers,
@@ -614,6 +617,15 @@ def open_graph(
     return OpenedGraph(
         graph, session, buckets, placement, loaded - started, warmed - loaded, applied
     )
+
+
+def _hold_device_lock(stack: ExitStack, physical_id: str) -> None:
+    from runtime.host.locks import DeviceLockTimeout, device_init_lock
+
+    try:
+        stack.enter_context(device_init_lock(physical_id))
+    except (DeviceLockTimeout, OSError) as exc:
+        raise WorkerError("session_failed", str(exc), subject=physical_id) from None
 
 
 def _check_route(

@@ -31,7 +31,11 @@ from runtime.backends.base import (
     check_usable,
 )
 from runtime.backends.placement import PlacementReport, gate_placement
-from runtime.backends.worker_client import WorkerStageClient, worker_launch_spec
+from runtime.backends.worker_client import (
+    WorkerStageClient,
+    route_other_domain,
+    worker_launch_spec,
+)
 from runtime.contracts import FrameLimits, RequestKey
 from runtime.contracts.binary import FEATURE as BINARY_FEATURE
 from runtime.contracts.buffers import DescriptorError
@@ -59,7 +63,7 @@ from runtime.errors import (
     StageRetired,
     VerificationError,
 )
-from runtime.host import current_os_domain, spawn_worker
+from runtime.host import spawn_worker
 from runtime.transport.arena import arena_size_for
 from runtime.transport.channel import ARENA_THRESHOLD, ChannelClosed, ProtocolError, frame_acks
 from runtime.transport.shm import ShmError, new_prefix, sweep_segments
@@ -75,6 +79,7 @@ if TYPE_CHECKING:
     from runtime.contracts.messages import Message, TensorSpec
     from runtime.events import EventBus
     from runtime.host import LaunchSpec, RetireOutcome
+    from runtime.host.crossdomain import OtherDomain
     from runtime.ledger import ResourceLedger, StageReservation
 
 log = logging.getLogger("omni.backends.graph")
@@ -219,8 +224,11 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         generation: int,
         events: EventBus | None = None,
         timeouts: GraphTimeouts | None = None,
+        other_domain: OtherDomain | None = None,
     ) -> None:
         super().__init__(spec.name, ledger, reservation, generation, events)
+        #: Given for a worker behind another domain's launcher; else found from the route.
+        self._other = other_domain
         self.spec = spec
         self.route = spec.route
         self.bundle = spec.bundle
@@ -270,12 +278,25 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
 
     def _launch_spec(self) -> LaunchSpec:
         extra = {} if self._tmpdir is None else _temp_variables(self._tmpdir, self.route.os_domain)
-        return worker_launch_spec(self.route, generation=self.generation, extra_env=extra)
+        return worker_launch_spec(
+            self.route, generation=self.generation, extra_env=extra, other=self._other
+        )
+
+    def _worker_path(self, path: Path) -> str:
+        """``path`` as the worker sees it (translated for a worker in the other domain)."""
+        if self._other is None:
+            return str(path)
+        try:
+            return self._other.path(str(path))
+        except ValueError as exc:
+            raise ConfigError(f"{self.name}: the worker cannot reach {path}: {exc}") from None
 
     async def start(self) -> StageRecord:
         """Spawn, handshake, load, warm up and pass the placement gate."""
         self._loop = asyncio.get_running_loop()
-        same_domain = self.route.os_domain == current_os_domain()
+        if self._other is None:
+            self._other = route_other_domain(self.route)
+        same_domain = self._other is None
         if same_domain:
             # Whatever the worker or its libraries leave in TMPDIR goes when it is retired.
             self._tmpdir = Path(tempfile.mkdtemp(prefix=f"{GRAPH_TMPDIR_PREFIX}{self.generation}-"))
@@ -289,7 +310,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         target = self.route.target_provider
         providers = (target, *(p for p in self.route.allowed_providers if p != target))
         load = LoadMessage(
-            manifest_path=str(self.bundle.manifest_path),
+            manifest_path=self._worker_path(self.bundle.manifest_path),
             expected_identity=self.bundle.identity,
             providers=providers,
             allowed_providers=tuple(self.route.allowed_providers),
