@@ -255,6 +255,12 @@ class WorkerStageClient(ABC, Generic[ReadyT]):
     def pid(self) -> int | None:
         return None if self._worker is None else self._worker.pid
 
+    @property
+    def announced_identity(self) -> ProcessIdentity | None:
+        """A worker in the other OS domain: its identity there, as announced and confirmed
+        (the pid the controller started is its launcher's)."""
+        return self._announced
+
     def _worker_record(self, launch_spec: Callable[[], LaunchSpec]) -> WorkerRecord:
         """The ``worker`` entry of the stage's record."""
         argv = () if self._worker is None else tuple(launch_spec().argv)

@@ -7,7 +7,11 @@ NPU entries, and an ONNX Runtime without the device API, come through the module
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import onnxruntime as ort
@@ -22,11 +26,15 @@ from workers.ort_devices import (
     configure_providers,
     select_ep_device,
 )
-from workers.ort_session import create_placed_session, load_verified_graph, warm_up
+from workers.ort_session import (
+    create_placed_session,
+    load_verified_graph,
+    open_graph,
+    warm_up,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
-    from pathlib import Path
 
 CUDA = "CUDAExecutionProvider"
 DML = "DmlExecutionProvider"
@@ -207,3 +215,44 @@ def test_a_provider_without_device_entries_sends_every_provider_by_name() -> Non
             ort.SessionOptions(), [CPU, azure], CPU, device=elsewhere, api=ORT_DEVICE_API
         )
     assert caught.value.code == "device_absent"
+
+
+def test_an_accelerator_is_initialised_under_its_host_lock(
+    add_manifest: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another process initialises the GPU for a second: this load waits for it.
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\nfrom runtime.host.locks import device_init_lock\n"
+            "with device_init_lock('GPU-5090'):\n    print('held', flush=True)\n"
+            "    time.sleep(1.0)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "held"
+        started = time.monotonic()
+        # The recorded CUDA device cannot really be given to a session here: the load then
+        # fails (CPU fallback is off, nothing runs the graph), after the lock was taken.
+        with pytest.raises(WorkerError) as caught:
+            open_graph(
+                add_manifest,
+                identity_of(add_manifest),
+                [CUDA],
+                [CUDA],
+                CUDA,
+                max_io_bytes=1 << 20,
+                device=EpDeviceRequest("GPU-5090", "gpu", vendor_id=0x10DE, device_id=0x2C58),
+                device_api=RecordedApi(LAPTOP),
+            )
+        assert caught.value.code == "session_failed"
+        assert "CPU fallback is disabled" in str(caught.value)
+        assert time.monotonic() - started > 0.5
+    finally:
+        holder.wait(timeout=10)
