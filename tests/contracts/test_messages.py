@@ -374,3 +374,21 @@ def test_ready_round_trip_property(placement: dict[str, int], extra: int, second
         placement, sum(placement.values()) + extra, "profiling", (), (), seconds, seconds, extra
     )
     assert decode_message(decode_frame(frame_for(ready))) == ready
+
+
+def test_the_message_fixtures_decode_as_messages_with_their_devices() -> None:
+    from runtime.contracts.conformance import load_fixtures
+
+    fixtures = {f["name"]: f for f in load_fixtures() if f["name"].startswith("ok/messages/")}
+    load = decode_message(
+        decode_frame(bytes.fromhex(fixtures["ok/messages/load_on_a_device"]["hex"]))
+    )
+    assert isinstance(load, LoadMessage)
+    assert load.device == EpDeviceRequest("LUID-00000000-0000F2A1", "gpu", 0x1002, 0x150E)
+    assert dict(load.provider_options) == {"device_id": "0"}
+    ready = decode_message(
+        decode_frame(bytes.fromhex(fixtures["ok/messages/ready_with_the_applied_device"]["hex"]))
+    )
+    assert isinstance(ready, ReadyMessage)
+    assert ready.device is not None
+    assert (ready.device.method, ready.device.vendor_id) == ("ep_device", 0x1002)
