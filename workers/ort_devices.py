@@ -23,7 +23,12 @@ from typing import TYPE_CHECKING, Final, Protocol
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as _ort_state
 
-from runtime.contracts.ep_device import AppliedDevice, EpDeviceRequest
+from runtime.contracts.ep_device import (
+    AppliedDevice,
+    EpDeviceRequest,
+    luid_id,
+    normalize_pci_bus_id,
+)
 from workers.errors import WorkerError
 
 if TYPE_CHECKING:
@@ -71,11 +76,19 @@ class EpDeviceEntry:
     vendor_id: int
     device_id: int
     handle: object = None
+    #: From ONNX Runtime's device metadata, where it gives them.
+    pci_bus_id: str | None = None
+    luid: str | None = None
 
     def describe(self) -> str:
+        where = "".join(
+            f", {text}"
+            for text in (None if self.pci_bus_id is None else f"PCI {self.pci_bus_id}", self.luid)
+            if text is not None
+        )
         return (
             f"{self.ep_name} on {self.vendor} {self.type} "
-            f"(vendor {self.vendor_id:#06x}, device {self.device_id:#06x})"
+            f"(vendor {self.vendor_id:#06x}, device {self.device_id:#06x}{where})"
         )
 
 
@@ -113,17 +126,22 @@ class OrtDeviceApi:
     def ep_devices(self) -> tuple[EpDeviceEntry, ...] | None:
         if not self.has_device_api:
             return None
-        return tuple(
-            EpDeviceEntry(
-                ep_name=str(found.ep_name),
-                type=str(found.device.type.name).lower(),
-                vendor=str(found.device.vendor),
-                vendor_id=int(found.device.vendor_id),
-                device_id=int(found.device.device_id),
-                handle=found,
+        entries = []
+        for found in ort.get_ep_devices():
+            metadata = {str(key): str(value) for key, value in found.device.metadata.items()}
+            entries.append(
+                EpDeviceEntry(
+                    ep_name=str(found.ep_name),
+                    type=str(found.device.type.name).lower(),
+                    vendor=str(found.device.vendor),
+                    vendor_id=int(found.device.vendor_id),
+                    device_id=int(found.device.device_id),
+                    handle=found,
+                    pci_bus_id=normalize_pci_bus_id(metadata.get("pci_bus_id", "")),
+                    luid=luid_id(metadata.get("LUID", "")),
+                )
             )
-            for found in ort.get_ep_devices()
-        )
+        return tuple(entries)
 
     def register_library(self, name: str, path: str) -> None:
         with self._lock:
@@ -158,11 +176,25 @@ class SessionProviders:
     applied: AppliedDevice
 
 
+def _may_be(entry: EpDeviceEntry, request: EpDeviceRequest) -> bool:
+    """Whether ``entry`` can be the requested device: what both sides know agrees."""
+    if entry.type != request.type:
+        return False
+    pairs = (
+        (request.vendor_id, entry.vendor_id),
+        (request.device_id, entry.device_id),
+        (request.pci_bus_id, entry.pci_bus_id),
+        (request.luid, entry.luid),
+    )
+    return all(wanted is None or found is None or wanted == found for wanted, found in pairs)
+
+
 def select_ep_device(
     request: EpDeviceRequest | None, provider: str, entries: Sequence[EpDeviceEntry]
 ) -> EpDeviceEntry:
     """The entry of ``provider`` on the requested device: same type, and the same vendor and
-    device ids where the request knows them. Without a request, the provider's only device.
+    device ids, PCI address and LUID where both sides know them; among identical devices, the
+    one at the requested address. Without a request, the provider's only device.
 
     Raises WorkerError ``device_absent`` naming every device ONNX Runtime listed, when no
     entry or more than one matches.
@@ -170,13 +202,16 @@ def select_ep_device(
     offering = [entry for entry in entries if entry.ep_name == provider]
     matching = offering
     if request is not None:
-        matching = [
-            entry
-            for entry in offering
-            if entry.type == request.type
-            and request.vendor_id in (None, entry.vendor_id)
-            and request.device_id in (None, entry.device_id)
-        ]
+        matching = [entry for entry in offering if _may_be(entry, request)]
+        if len(matching) > 1:
+            # Identical devices: the address ONNX Runtime reports tells them apart.
+            addressed = [
+                entry
+                for entry in matching
+                if (request.pci_bus_id is not None and entry.pci_bus_id == request.pci_bus_id)
+                or (request.luid is not None and entry.luid == request.luid)
+            ]
+            matching = addressed or matching
     if len(matching) == 1:
         return matching[0]
     wanted = "its device" if request is None else request.describe()
@@ -186,7 +221,7 @@ def select_ep_device(
     else:
         problem = (
             f"{len(matching)} {provider} devices match {wanted}; a topology entry with the "
-            "device's vendor_id and device_id tells them apart"
+            "device's vendor_id, device_id and pci_bus_id tells them apart"
         )
     raise WorkerError(
         "device_absent",

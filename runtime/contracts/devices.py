@@ -60,8 +60,8 @@ class DeviceDescriptor:
     """One physical device. Optional relationships are ``None`` when not observed.
 
     ``vendor_id`` and ``device_id`` are the hardware ids ONNX Runtime reports for the device
-    (the PCI ids on PCI hardware); a graph worker matches its execution-provider device on
-    them. ``None`` when unknown.
+    (the PCI ids on PCI hardware) and ``pci_bus_id`` its PCI address (``0000:01:00.0``); a
+    graph worker matches its execution-provider device on them. ``None`` when unknown.
     """
 
     physical_id: str
@@ -76,6 +76,7 @@ class DeviceDescriptor:
     power_domain: str | None = None
     vendor_id: int | None = None
     device_id: int | None = None
+    pci_bus_id: str | None = None
 
     def __post_init__(self) -> None:
         if not self.physical_id:

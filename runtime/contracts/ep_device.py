@@ -11,6 +11,7 @@ and answers with an :class:`AppliedDevice`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -22,6 +23,30 @@ DEVICE_TYPES: Final = ("cpu", "gpu", "npu")
 #: ``SessionOptions.add_provider_for_devices``, or provider options alone (older ONNX Runtime).
 DEVICE_METHODS: Final = ("ep_device", "provider_options")
 _MAX_ID: Final = 0xFFFFFFFF
+_PCI_BUS_RE: Final = re.compile(
+    r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$"
+)
+_LUID_RE: Final = re.compile(r"^LUID-[0-9A-F]{8}-[0-9A-F]{8}$")
+
+
+def normalize_pci_bus_id(bus_id: str) -> str | None:
+    """``00000000:01:00.0`` and ``0000:01:00.0`` both become ``0000:01:00.0``; None when
+    ``bus_id`` is no PCI address."""
+    match = _PCI_BUS_RE.match(bus_id.strip())
+    if match is None:
+        return None
+    domain, bus, device, function = match.groups()
+    return f"{int(domain or '0', 16):04x}:{int(bus, 16):02x}:{int(device, 16):02x}.{function}"
+
+
+def luid_id(value: str) -> str | None:
+    """A Windows adapter LUID as ONNX Runtime's metadata gives it (a 64-bit number, decimal
+    or hex) in the form of physical ids, ``LUID-<high 8 hex>-<low 8 hex>``."""
+    try:
+        number = int(value, 0)
+    except ValueError:
+        return None
+    return f"LUID-{(number >> 32) & 0xFFFFFFFF:08X}-{number & 0xFFFFFFFF:08X}"
 
 
 class EpDeviceError(ValueError):
@@ -57,9 +82,17 @@ def check_options(where: str, value: object) -> Mapping[str, str]:
     return MappingProxyType(dict(value))
 
 
-def _fields(where: str, wire: object, names: frozenset[str]) -> Mapping[str, Any]:
-    if not isinstance(wire, Mapping) or set(wire) != names:
-        _bad(where, "", wire, f"an object with exactly the fields {sorted(names)}")
+def _fields(
+    where: str, wire: object, names: frozenset[str], optional: frozenset[str] = frozenset()
+) -> Mapping[str, Any]:
+    if not isinstance(wire, Mapping) or not names <= set(wire) <= names | optional:
+        _bad(
+            where,
+            "",
+            wire,
+            f"an object with the fields {sorted(names)}"
+            + (f" and optionally {sorted(optional)}" if optional else ""),
+        )
     return wire
 
 
@@ -68,14 +101,17 @@ class EpDeviceRequest:
     """The hardware device the controller admitted a stage on.
 
     ``vendor_id`` and ``device_id`` are None when the topology does not know them; the worker
-    then matches on the provider and the type alone, and refuses when that leaves more than
-    one device.
+    then matches on the provider and the type alone. ``pci_bus_id`` and ``luid`` (where
+    known) tell identical devices apart. The worker refuses when more than one device is
+    left.
     """
 
     physical_id: str
     type: str
     vendor_id: int | None = None
     device_id: int | None = None
+    pci_bus_id: str | None = None
+    luid: str | None = None
 
     def __post_init__(self) -> None:
         where = "device"
@@ -85,28 +121,52 @@ class EpDeviceRequest:
             _bad(where, "type", self.type, f"one of {list(DEVICE_TYPES)}")
         _optional_id(where, "vendor_id", self.vendor_id)
         _optional_id(where, "device_id", self.device_id)
+        if self.pci_bus_id is not None and (
+            not isinstance(self.pci_bus_id, str)
+            or normalize_pci_bus_id(self.pci_bus_id) != self.pci_bus_id
+        ):
+            _bad(where, "pci_bus_id", self.pci_bus_id, "null or a PCI address like 0000:01:00.0")
+        if self.luid is not None and (
+            not isinstance(self.luid, str) or not _LUID_RE.match(self.luid)
+        ):
+            _bad(where, "luid", self.luid, "null or LUID-XXXXXXXX-XXXXXXXX (hex)")
 
     def describe(self) -> str:
-        ids = ", ".join(
+        ids = [
             f"{name} {value:#06x}"
             for name, value in (("vendor", self.vendor_id), ("device", self.device_id))
             if value is not None
-        )
-        return f"{self.type} {self.physical_id}" + (f" ({ids})" if ids else "")
+        ]
+        if self.pci_bus_id is not None:
+            ids.append(f"PCI {self.pci_bus_id}")
+        if self.luid is not None:
+            ids.append(self.luid)
+        return f"{self.type} {self.physical_id}" + (f" ({', '.join(ids)})" if ids else "")
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        wire: dict[str, Any] = {
             "physical_id": self.physical_id,
             "type": self.type,
             "vendor_id": self.vendor_id,
             "device_id": self.device_id,
         }
+        # Sent only when known: a receiver that predates them sees the fields it knows.
+        if self.pci_bus_id is not None:
+            wire["pci_bus_id"] = self.pci_bus_id
+        if self.luid is not None:
+            wire["luid"] = self.luid
+        return wire
 
     @classmethod
     def from_wire(cls, wire: object, where: str = "load.device") -> EpDeviceRequest:
         if isinstance(wire, EpDeviceRequest):
             return wire
-        fields = _fields(where, wire, frozenset({"physical_id", "type", "vendor_id", "device_id"}))
+        fields = _fields(
+            where,
+            wire,
+            frozenset({"physical_id", "type", "vendor_id", "device_id"}),
+            frozenset({"pci_bus_id", "luid"}),
+        )
         try:
             return cls(**fields)
         except EpDeviceError as exc:

@@ -89,7 +89,9 @@ def sample_messages() -> list[Message]:
             max_io_bytes=1 << 20,
             min_fraction_on_target=1.0,
             shm_prefix=None,
-            device=EpDeviceRequest("LUID-00000000-0000F2A1", "gpu", 0x1002, 0x150E),
+            device=EpDeviceRequest(
+                "LUID-00000000-0000F2A1", "gpu", 0x1002, 0x150E, luid="LUID-00000000-0000F2A1"
+            ),
             provider_options={"device_id": "1"},
             ep_library="C:\\plugins\\onnxruntime_providers_dml.dll",
         ),
@@ -243,6 +245,19 @@ LOAD_ON_DEVICE, READY_ON_DEVICE = _rest[-2:]
             LOAD_ON_DEVICE,
             {"device": {"physical_id": "x", "type": "gpu", "vendor_id": -1, "device_id": 2}},
             "device.vendor_id",
+        ),
+        (
+            LOAD_ON_DEVICE,
+            {
+                "device": {
+                    "physical_id": "x",
+                    "type": "gpu",
+                    "vendor_id": 1,
+                    "device_id": 2,
+                    "pci_bus_id": "slot-3",
+                }
+            },
+            "device.pci_bus_id",
         ),
         (LOAD_ON_DEVICE, {"provider_options": {"device_id": 1}}, "load.provider_options"),
         (LOAD_ON_DEVICE, {"ep_library": ""}, "load.ep_library"),

@@ -98,7 +98,7 @@ def test_a_device_that_is_not_listed_is_refused_naming_every_listed_one() -> Non
 def test_two_devices_without_ids_to_tell_them_apart_are_refused() -> None:
     with pytest.raises(WorkerError, match="2 DmlExecutionProvider devices match") as caught:
         select_ep_device(EpDeviceRequest("GPU-x", "gpu"), DML, LAPTOP)
-    assert "vendor_id and device_id" in str(caught.value)
+    assert "vendor_id, device_id and pci_bus_id" in str(caught.value)
 
 
 def test_the_target_gets_its_device_and_the_route_options_the_cpu_none() -> None:
@@ -256,3 +256,29 @@ def test_an_accelerator_is_initialised_under_its_host_lock(
         assert time.monotonic() - started > 0.5
     finally:
         holder.wait(timeout=10)
+
+
+#: Two identical GPUs (onnxruntime-gpu on Linux lists each with its PCI address).
+TWIN_GPUS = (
+    EpDeviceEntry(CPU, "cpu", "AMD", 0x1022, 0x0000),
+    EpDeviceEntry(CUDA, "gpu", "NVIDIA", 0x10DE, 0x2684, pci_bus_id="0000:01:00.0"),
+    EpDeviceEntry(CUDA, "gpu", "NVIDIA", 0x10DE, 0x2684, pci_bus_id="0000:41:00.0"),
+)
+
+
+def test_identical_gpus_are_told_apart_by_their_pci_address() -> None:
+    second = EpDeviceRequest(
+        "GPU-b", "gpu", vendor_id=0x10DE, device_id=0x2684, pci_bus_id="0000:41:00.0"
+    )
+    assert select_ep_device(second, CUDA, TWIN_GPUS) == TWIN_GPUS[2]
+    elsewhere = EpDeviceRequest("GPU-c", "gpu", vendor_id=0x10DE, pci_bus_id="0000:81:00.0")
+    with pytest.raises(WorkerError, match="no CUDAExecutionProvider device matches") as caught:
+        select_ep_device(elsewhere, CUDA, TWIN_GPUS)
+    assert "PCI 0000:41:00.0" in str(caught.value)
+    # A DirectML adapter is named by its LUID.
+    dml = (
+        EpDeviceEntry(DML, "gpu", "AMD", 0x1002, 0x150E, luid="LUID-00000000-0000F2A1"),
+        EpDeviceEntry(DML, "gpu", "AMD", 0x1002, 0x150E, luid="LUID-00000000-0000F3B2"),
+    )
+    by_luid = EpDeviceRequest("LUID-00000000-0000F3B2", "gpu", luid="LUID-00000000-0000F3B2")
+    assert select_ep_device(by_luid, DML, dml) == dml[1]

@@ -352,3 +352,19 @@ def test_missing_and_empty_files_are_config_errors(tmp_path: Path) -> None:
     assert caught.value.file == str(tmp_path / "absent.yaml")
     with pytest.raises(ConfigError, match="empty"):
         load_topology(write(tmp_path, "# nothing\n"))
+
+
+def test_a_device_s_pci_address_reaches_its_worker_request(tmp_path: Path) -> None:
+    from runtime.devices import ep_device_request
+
+    text = GOOD_DEVICE.replace(
+        "    domains: [posix]\n", "    domains: [posix]\n    pci_bus_id: '00000000:C4:00.0'\n"
+    )
+    (cpu,) = load_topology(write(tmp_path, text)).devices
+    assert cpu.pci_bus_id == "0000:c4:00.0"
+    assert ep_device_request(cpu).pci_bus_id == "0000:c4:00.0"
+    bad = GOOD_DEVICE.replace(
+        "    domains: [posix]\n", "    domains: [posix]\n    pci_bus_id: slot-3\n"
+    )
+    with pytest.raises(ConfigError, match="pci_bus_id 'slot-3' is not a PCI address"):
+        load_topology(write(tmp_path, bad))
