@@ -54,7 +54,13 @@ from runtime.engine.stages import GraphStage, LlmStage, StageHandle
 from runtime.envs.manager import envs_root
 from runtime.errors import ConfigError, ExecutionError, OmniError, UsageError
 from runtime.events import EventBus, StageReady, StageStarting
-from runtime.host import RouteError, is_frozen, resolve_interpreter, worker_argv
+from runtime.host import (
+    RouteError,
+    current_os_domain,
+    is_frozen,
+    resolve_interpreter,
+    worker_argv,
+)
 from runtime.models.marker import ModelBuildError
 from runtime.models.smollm2 import ensure_smollm2_model
 from runtime.models.tiny_llm import ensure_tiny_model
@@ -220,6 +226,14 @@ class StageRuntime:
                     **self._where(stage, "backend.route.api_key_env"),
                 )
             return _RemoteLlm(api_key=api_key)
+        here = current_os_domain()
+        if route.os_domain != here:
+            raise RouteError(
+                f"{stage.name}: route {route.name} has os_domain {route.os_domain!r}, but a "
+                f"language-model worker runs in the controller's own domain ({here!r}); "
+                f"accepted: os_domain: {here} (graph stages may cross between Windows and WSL)",
+                **self._where(stage, "backend.route.os_domain"),
+            )
         frozen = is_frozen()
         try:
             argv = resolve_interpreter(
