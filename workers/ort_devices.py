@@ -262,7 +262,8 @@ def configure_providers(
     does have device entries must still be among them.
 
     Raises WorkerError: ``provider_absent`` when the library cannot be registered,
-    ``device_absent`` when the requested device is not listed.
+    ``device_absent`` when the requested device is not listed (or a registered plugin
+    library's provider lists no device at all).
     """
     route_options = dict(provider_options or {})
     preload_cuda_libraries(providers)
@@ -292,6 +293,16 @@ def configure_providers(
             ) from None
         entries = api.ep_devices()
     listed = {entry.ep_name for entry in entries or ()}
+    if ep_library is not None and entries is not None and target_provider not in listed:
+        # A plugin provider is reached only through its devices: none, no session.
+        found = "; ".join(entry.describe() for entry in entries) or "no device at all"
+        raise WorkerError(
+            "device_absent",
+            f"the plugin library {ep_library!r} registered, but ONNX Runtime "
+            f"({ort.__version__}) lists no {target_provider} device on this machine; it "
+            f"lists: {found}",
+            subject=target_provider,
+        )
     chosen = None
     if entries is not None and target_provider in listed:
         # The requested device must exist, whichever way the session then gets it.

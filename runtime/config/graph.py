@@ -30,6 +30,7 @@ EP_PROVIDERS: Mapping[str, str] = MappingProxyType(
         "tensorrt": "TensorrtExecutionProvider",
         "rocm": "ROCMExecutionProvider",
         "migraphx": "MIGraphXExecutionProvider",
+        "webgpu": "WebGpuExecutionProvider",
     }
 )
 OS_DOMAINS = ("posix", "windows")

@@ -282,3 +282,18 @@ def test_identical_gpus_are_told_apart_by_their_pci_address() -> None:
     )
     by_luid = EpDeviceRequest("LUID-00000000-0000F3B2", "gpu", luid="LUID-00000000-0000F3B2")
     assert select_ep_device(by_luid, DML, dml) == dml[1]
+
+
+def test_a_plugin_whose_provider_lists_no_device_is_refused(tmp_path: Path) -> None:
+    library = tmp_path / "libonnxruntime_providers_webgpu.so"
+    library.write_bytes(b"\x7fELF")
+    webgpu = "WebGpuExecutionProvider"
+    api = RecordedApi(LAPTOP)
+    with pytest.raises(WorkerError) as caught:
+        configure_providers(
+            ort.SessionOptions(), [webgpu], webgpu, ep_library=str(library), api=api
+        )
+    assert caught.value.code == "device_absent"
+    assert f"lists no {webgpu} device on this machine" in str(caught.value)
+    assert api.registered == [(webgpu, str(library))]
+    assert api.added == []
