@@ -132,17 +132,7 @@ def _route_json(config: PipelineConfig, index: int) -> dict[str, Any]:
     backend = config.stages[index].backend
     if isinstance(backend, LlmBackendConfig):
         return _llm_route_json(backend)
-    route = backend.route
-    return {
-        "name": route.name,
-        "interpreter": route.interpreter,
-        "worker": route.worker,
-        "ep": route.ep,
-        "os_domain": route.os_domain,
-        "max_io_bytes": route.max_io_bytes,
-        "min_fraction_on_target": route.min_fraction_on_target,
-        "allowed_providers": list(route.allowed_providers),
-    }
+    return backend.route.to_json()
 
 
 def plan_pipeline(

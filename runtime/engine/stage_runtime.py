@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from runtime.artifacts import VerifiedBundle, verify_bundle
+from runtime.artifacts import verify_bundle
 from runtime.backends.graph import GraphStageClient, GraphStageSpec, GraphTimeouts
 from runtime.backends.inprocess import INPROCESS_WORKER, InProcessGraphClient
 from runtime.backends.threads import plan_threads
@@ -54,7 +54,13 @@ from runtime.engine.stages import GraphStage, LlmStage, StageHandle
 from runtime.envs.manager import envs_root
 from runtime.errors import ConfigError, ExecutionError, OmniError, UsageError
 from runtime.events import EventBus, StageReady, StageStarting
-from runtime.host import RouteError, is_frozen, resolve_interpreter, worker_argv
+from runtime.host import (
+    RouteError,
+    current_os_domain,
+    is_frozen,
+    resolve_interpreter,
+    worker_argv,
+)
 from runtime.models.marker import ModelBuildError
 from runtime.models.smollm2 import ensure_smollm2_model
 from runtime.models.tiny_llm import ensure_tiny_model
@@ -62,8 +68,10 @@ from runtime.models.tiny_llm import ensure_tiny_model
 if TYPE_CHECKING:
     from collections.abc import Collection
 
+    from runtime.artifacts import VerifiedBundle
     from runtime.backends.base import GraphClient, LlmClient, StageClient
     from runtime.config import PipelineConfig, StageConfig
+    from runtime.contracts.devices import DeviceDescriptor
     from runtime.ledger import PlanReservation, ResourceLedger, StageReservation
 
 log = logging.getLogger("omni.engine.runtime")
@@ -105,7 +113,15 @@ class _RemoteLlm:
     api_key: str | None = field(default=None, repr=False)
 
 
-_Resolved = VerifiedBundle | _LocalLlm | _RemoteLlm
+@dataclass(frozen=True, slots=True)
+class _Graph:
+    """A graph stage as resolved: its verified bundle and the device admission chose."""
+
+    bundle: VerifiedBundle
+    device: DeviceDescriptor
+
+
+_Resolved = _Graph | _LocalLlm | _RemoteLlm
 
 
 class StageRuntime:
@@ -167,7 +183,7 @@ class StageRuntime:
                 continue
             topology, selection = self._machine()
             route = backend.route
-            check_route_device(
+            device = check_route_device(
                 topology,
                 selection,
                 ep=route.ep,
@@ -176,7 +192,7 @@ class StageRuntime:
                 os_domain=route.os_domain,
                 route=route.name,
             )
-            resolved.append(verify_bundle(backend.manifest))
+            resolved.append(_Graph(verify_bundle(backend.manifest), device))
         return resolved
 
     def _resolve_llm(self, stage: StageConfig, backend: LlmBackendConfig) -> _Resolved:
@@ -210,6 +226,14 @@ class StageRuntime:
                     **self._where(stage, "backend.route.api_key_env"),
                 )
             return _RemoteLlm(api_key=api_key)
+        here = current_os_domain()
+        if route.os_domain != here:
+            raise RouteError(
+                f"{stage.name}: route {route.name} has os_domain {route.os_domain!r}, but a "
+                f"language-model worker runs in the controller's own domain ({here!r}); "
+                f"accepted: os_domain: {here} (graph stages may cross between Windows and WSL)",
+                **self._where(stage, "backend.route.os_domain"),
+            )
         frozen = is_frozen()
         try:
             argv = resolve_interpreter(
@@ -273,12 +297,13 @@ class StageRuntime:
     ) -> StageHandle:
         backend = stage.backend
         if isinstance(backend, GraphBackendConfig):
-            assert isinstance(found, VerifiedBundle)
+            assert isinstance(found, _Graph)
             spec = GraphStageSpec(
                 name=stage.name,
-                bundle=found,
+                bundle=found.bundle,
                 route=backend.route,
                 threads=self.threads.get(stage.name),
+                device=found.device,
             )
             return GraphStage(stage, backend.route.name, self._graph_client(spec, reservation))
         if isinstance(found, _RemoteLlm):

@@ -179,3 +179,26 @@ def test_a_cuda_engine_is_pinned_to_the_gpu_admission_chose() -> None:
     # The vllm-cuda environment implies ep: cuda; anything else ep: cpu.
     assert LlmRouteConfig(interpreter="env:vllm-cuda").ep == "cuda"
     assert LlmRouteConfig().ep == "cpu"
+
+
+def test_a_local_engine_in_the_other_os_domain_is_refused_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    path = _pipeline(
+        tmp_path,
+        "      name: native.vllm.v1\n      model: tiny\n"
+        "      route: {name: windows-llm, os_domain: windows, interpreter: bundled}\n",
+    )
+    # A machine whose CPU both Windows and WSL reach: the device check passes.
+    both = load_topology(TOPOLOGIES / "cpu-igpu-npu-dgpu-wsl.yaml")
+    events = EventBus()
+    recorded: list[Event] = []
+    events.subscribe(recorded.append)
+    ledger = ResourceLedger(name="domains")
+    with pytest.raises(RouteError) as caught:
+        Omni(path, ledger=ledger, events=events, topology=both, selection=DeviceSelection())
+    assert caught.value.key == "stages[0].backend.route.os_domain"
+    assert "route windows-llm has os_domain 'windows'" in str(caught.value)
+    assert "accepted: os_domain: posix" in str(caught.value)
+    assert not [event for event in recorded if isinstance(event, StageStarting)]
+    assert ledger.snapshot().is_empty
