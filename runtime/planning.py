@@ -173,6 +173,14 @@ def plan_pipeline(
                     refusals.append(f"device: {exc}")
                 else:
                     llm_device = f"{found.name} ({found.physical_id})"
+                    domain = route_domain(machine, llm_route.os_domain)
+                    charged = machine.charges(found.physical_id, domain)
+                    missing = [c for c in charged if c not in stage.resource_budget.demands]
+                    if missing:
+                        warnings.append(
+                            f"{stage.name} runs its engine on {found.name}, which draws on "
+                            f"{', '.join(charged)}, but demands nothing of {', '.join(missing)}"
+                        )
             stages.append(
                 StagePlan(
                     name=stage.name,

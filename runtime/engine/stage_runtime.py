@@ -33,6 +33,7 @@ from runtime.backends.vllm_client import (
     VllmStageSpec,
     VllmTimeouts,
     engine_floor_bytes,
+    engine_memory_constraint,
     pinning_env,
 )
 from runtime.config import (
@@ -104,6 +105,8 @@ class _LocalLlm:
 
     python: Path
     device_id: str
+    #: The ledger constraint its weights and KV cache live in (RAM, or the GPU's memory).
+    memory: str = DEFAULT_MEMORY_CONSTRAINT
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,21 +250,33 @@ class StageRuntime:
             raise RouteError(
                 f"{stage.name}: {exc.detail}", **self._where(stage, f"backend.route.{exc.key}")
             ) from exc
+        found = _LocalLlm(
+            python=Path(argv[0]),
+            device_id=device.physical_id,
+            memory=engine_memory_constraint(route.ep, device.physical_id),
+        )
         if isinstance(backend.model, Path):
-            self._check_floor(stage, backend, backend.model)
-        return _LocalLlm(python=Path(argv[0]), device_id=device.physical_id)
+            self._check_floor(stage, backend, backend.model, found.memory)
+        return found
 
-    def _check_floor(self, stage: StageConfig, backend: LlmBackendConfig, model_dir: Path) -> None:
-        """The stage's memory demand must cover its weights plus its KV cache."""
+    def _check_floor(
+        self, stage: StageConfig, backend: LlmBackendConfig, model_dir: Path, memory: str
+    ) -> None:
+        """The stage's demand on the memory its engine uses (the machine's RAM on the CPU, the
+        GPU's own memory for CUDA) must cover its weights plus its KV cache."""
         floor = engine_floor_bytes(model_dir, backend.engine_args)
-        declared = stage.resource_budget.demands.get(DEFAULT_MEMORY_CONSTRAINT, 0)
+        declared = stage.resource_budget.demands.get(memory, 0)
         if declared < floor:
+            held = (
+                "about 1.5 GiB for the tiny model on the CPU"
+                if memory == DEFAULT_MEMORY_CONSTRAINT
+                else "CUDA's own context and vLLM's activations besides"
+            )
             raise ConfigError(
-                f"{stage.name} demands {declared} bytes of {DEFAULT_MEMORY_CONSTRAINT}, less than "
-                f"the weights of {model_dir} plus the KV cache ({floor} bytes); accepted: a "
-                f"demand of at least {floor} bytes (the worker tree holds more: about 1.5 GiB "
-                "for the tiny model on the CPU)",
-                **self._where(stage, f"resource_budget.demands[{DEFAULT_MEMORY_CONSTRAINT}]"),
+                f"{stage.name} demands {declared} bytes of {memory}, less than the weights of "
+                f"{model_dir} plus the KV cache ({floor} bytes); accepted: a demand of at least "
+                f"{floor} bytes (the worker holds more: {held})",
+                **self._where(stage, f"resource_budget.demands[{memory}]"),
             )
 
     # -- start -----------------------------------------------------------------------
@@ -326,6 +341,7 @@ class StageRuntime:
                 device_id=found.device_id,
             ),
             demands=stage.resource_budget.demands,
+            memory_constraint=found.memory,
         )
         vllm = VllmStageClient(
             llm_spec,
@@ -366,7 +382,7 @@ class StageRuntime:
             model_dir = await loop.run_in_executor(None, ensure, found.python)
         except ModelBuildError as exc:
             raise StageStartError(stage.name, ExecutionError(str(exc))) from exc
-        self._check_floor(stage, backend, model_dir)
+        self._check_floor(stage, backend, model_dir, found.memory)
         return model_dir
 
     def _remote_client(
