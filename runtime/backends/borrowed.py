@@ -141,15 +141,19 @@ class BorrowedReader:
                             pass
                 elif ready == fd:
                     readable = True
-            if not readable:
-                continue
-            frames = self._channel.read_borrowed()
-            if frames is None:
-                self._hand_back()
+            if readable and not self._read_once():
                 return
-            for frame in frames:
-                if not self._take(frame):
-                    self._loop.call_soon_threadsafe(self._on_frame, frame)
+
+    def _read_once(self) -> bool:
+        """Take what the pipe holds now; False once the pipe was handed back to the loop."""
+        frames = self._channel.read_borrowed()
+        if frames is None:
+            self._hand_back()
+            return False
+        for frame in frames:
+            if not self._take(frame):
+                self._loop.call_soon_threadsafe(self._on_frame, frame)
+        return True
 
     def called(self) -> None:
         """A direct call ended (the idle timer counts from here)."""
