@@ -358,6 +358,9 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         events = EventBus()
         unsubscribe = events.subscribe(self._on_runtime_event)
         try:
+            # One pipeline is loaded at a time: its capacities replace the previous one's, so
+            # a plan that fits on its own (the "Fits" badge) is never refused for another's.
+            self.ledger.replace_capacities(config.capacities)
             orchestrator = Orchestrator(
                 config,
                 ledger=self.ledger,
