@@ -158,6 +158,7 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         self._request: Request | None = None
         self._metrics = RunMetrics()
         self._cancel_after_load = False
+        self._keep_after_cancel = False
         self._audio_sink: AudioSink | None = None
         self._serving = ServeSwitch(
             submit=self._submit,
@@ -223,6 +224,7 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         if not self._state.can_run or self._config is None:
             return False
         self._cancel_after_load = False
+        self._keep_after_cancel = False
         if self._loaded:
             self._set_state(RunState.RUNNING)
             self._submit(partial(self._submit_job, request_input))
@@ -231,8 +233,13 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
             self._submit(partial(self._load_job, self._config, request_input))
         return True
 
-    def cancel(self) -> bool:
-        """Cancel the running request (or the load it is waiting for)."""
+    def cancel(self, *, keep_loaded: bool = False) -> bool:
+        """Cancel the running request (or the load it is waiting for).
+
+        The stages are unloaded after a cancel, unless ``keep_loaded`` (the chat view's Stop:
+        a language model's request is aborted inside vLLM and its worker stays usable) and
+        every stage is still usable; a stage the cancel retired is unloaded all the same."""
+        self._keep_after_cancel = keep_loaded
         if self._state is RunState.LOADING:
             self._cancel_after_load = True
             self._set_state(RunState.CANCELLING)
@@ -393,11 +400,12 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         if session is not None:
             session.orchestrator.cancel(request_id, wait=True)
 
-    def _settle_job(self, cancelled: bool) -> None:
+    def _settle_job(self, cancelled: bool, keep_after_cancel: bool = False) -> None:
         """After a request: keep the stages warm when it completed or failed and they are all
-        usable; after a cancel (or a retired worker) unload them, so nothing stays held."""
+        usable; after a cancel (unless asked to keep them) or a retired worker unload them,
+        so nothing stays held."""
         session = self._session
-        keep = session is not None and not cancelled and session.usable()
+        keep = session is not None and (not cancelled or keep_after_cancel) and session.usable()
         if session is not None and not keep:
             self._unload_job()
         self._post(partial(self._settled, keep, cancelled))
@@ -523,7 +531,8 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         self._finish_run(outcome)
         if self._state in (RunState.CLOSING, RunState.CLOSED):
             return
-        self._submit(partial(self._settle_job, outcome.status == "cancelled"))
+        cancelled = outcome.status == "cancelled"
+        self._submit(partial(self._settle_job, cancelled, cancelled and self._keep_after_cancel))
 
     def _finish_run(self, outcome: RunOutcome) -> None:
         metrics = self._metrics.finished(outcome.status, time.monotonic())

@@ -26,7 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal, NoReturn
 
 from runtime.paths import data_dir
 
@@ -249,13 +249,13 @@ class _Reader:
 
     path: Path
 
-    def fail(self, problem: str) -> None:
+    def fail(self, problem: str) -> NoReturn:
         raise ConversationError(self.path, f"{problem}; the file was left as it is")
 
     def mapping(self, value: object, where: str, accepted: str) -> Mapping[str, object]:
         if not isinstance(value, dict):
             self.fail(f"{where} is {type(value).__name__}, not an object; accepted: {accepted}")
-        return value  # type: ignore[return-value]  # fail() raised otherwise
+        return value
 
     def keys(self, value: Mapping[str, object], where: str, known: set[str]) -> None:
         unknown = sorted(set(value) - known)
@@ -270,7 +270,7 @@ class _Reader:
             self.fail(
                 f"{key!r} is {_kind(found)}; accepted: a {'' if empty else 'non-empty '}string"
             )
-        return found  # type: ignore[return-value]
+        return found
 
     def number(self, value: Mapping[str, object], key: str) -> float:
         found = value.get(key)
@@ -280,7 +280,7 @@ class _Reader:
             or not math.isfinite(found)
         ):
             self.fail(f"{key!r} is {_kind(found)}; accepted: seconds since the epoch")
-        return float(found)  # type: ignore[arg-type]
+        return float(found)
 
     def turn(self, item: object, index: int) -> Turn:
         where = f"turns[{index}]"

@@ -41,7 +41,7 @@ from app.models import (
     TopologyView,
 )
 from runtime.artifacts import load_example_inputs, verify_bundle
-from runtime.config import GraphBackendConfig, load_pipeline
+from runtime.config import GraphBackendConfig, LlmBackendConfig, load_pipeline
 from runtime.devices import DISCOVERED, DeviceSelection
 from runtime.engine.outputs import AUDIO_KEYS, AudioChunk, OmniRequestOutput
 from runtime.errors import (
@@ -336,9 +336,20 @@ def output_items(
                 received_s=received_s,
             )
         )
-    text = outputs.get("text")
+    text: object = outputs.get("text")
+    if text is None and output.finished and output.text is not None:
+        text = output.text
     if text is not None:
-        items.append(TextChunk(output.request_id, output.index, _as_text(text), output.finished))
+        prompt = output.metrics.get("prompt") if output.finished else None
+        items.append(
+            TextChunk(
+                output.request_id,
+                output.index,
+                _as_text(text),
+                output.finished,
+                prompt if isinstance(prompt, str) else None,
+            )
+        )
     if audio is None and text is None:
         arrays = {
             name: np.array(value, copy=True)
@@ -522,6 +533,8 @@ def describe_pipeline(path: Path, topology: Topology, selection: DeviceSelection
             for stage in plan.stages
             if stage.bundle is not None
         ),
+        chat=kind is InputKind.TEXT
+        and any(isinstance(stage.backend, LlmBackendConfig) for stage in config.stages),
     )
     return OpenedPipeline(info, config)
 
