@@ -17,6 +17,7 @@ from . import __version__
 from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, OmniError
 
 if TYPE_CHECKING:
+    from .chat import ChatMessage
     from .config import PipelineConfig
     from .devices import DeviceSelection, Topology
     from .engine.outputs import OmniRequestOutput
@@ -176,22 +177,32 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .errors import EXIT_FAILED, UsageError
     from .pipeline_input import TEXT_INPUT, input_kind
 
+    if args.text is not None and args.chat is not None:
+        raise UsageError("--text and --chat: give one request, the text or the conversation")
+    messages = _load_chat(Path(args.chat)) if args.chat is not None else None
     config = load_pipeline(args.pipeline)
     kind = input_kind(config)
-    if args.text is not None:
+    if args.text is not None or messages is not None:
+        flag = "--text" if messages is None else "--chat"
         if kind != TEXT_INPUT:
             raise UsageError(
-                f"--text: pipeline {config.pipeline} takes tensors, not text; accepted: "
+                f"{flag}: pipeline {config.pipeline} takes tensors, not text; accepted: "
                 "--inputs X.npz, or nothing for its example inputs"
             )
-        for flag, given in (("--inputs", args.inputs), ("--expect", args.expect)):
+        for other, given in (("--inputs", args.inputs), ("--expect", args.expect)):
             if given:
-                raise UsageError(f"{flag} applies to tensor pipelines; give --text or {flag}")
-        return _run_text(args, config)
+                raise UsageError(f"{other} applies to tensor pipelines; give {flag} or {other}")
+        request: object = (
+            args.text
+            if messages is None
+            else {"messages": [message.to_json() for message in messages]}
+        )
+        return _run_text(args, config, request, messages)
     if kind == TEXT_INPUT:
         raise UsageError(
             f"pipeline {config.pipeline} takes text; give it with --text, e.g. "
-            f'omni-edge run {args.pipeline} --text "Hello there."'
+            f'omni-edge run {args.pipeline} --text "Hello there.", or a conversation with '
+            "--chat FILE.json"
         )
     if args.play:
         raise UsageError("--play applies to --text runs of pipelines that speak")
@@ -265,8 +276,37 @@ def _printable(text: str) -> str:
     )
 
 
-def _run_text(args: argparse.Namespace, config: PipelineConfig) -> int:
-    """``run --text``: stream the text to stdout as it arrives; write or play the audio."""
+def _load_chat(path: Path) -> tuple[ChatMessage, ...]:
+    """``--chat FILE.json``: a list of ``{"role", "content"}`` messages (or an object whose
+    ``messages`` is one), ending with the user's turn."""
+    from .chat import parse_messages
+    from .errors import UsageError
+
+    where = f"--chat {path}"
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"{where}: cannot read it ({exc.strerror or exc})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(
+            f"{where}: not JSON ({exc}); accepted: a list of {{'role', 'content'}} messages"
+        ) from None
+    if isinstance(document, dict):
+        if set(document) - {"messages"}:
+            unknown = sorted(set(document) - {"messages"})[0]
+            raise UsageError(f"{where}: unknown key {unknown!r}; accepted: 'messages'")
+        document = document.get("messages")
+    return parse_messages(document, where=where)
+
+
+def _run_text(
+    args: argparse.Namespace,
+    config: PipelineConfig,
+    request: object,
+    messages: tuple[ChatMessage, ...] | None = None,
+) -> int:
+    """``run --text`` / ``--chat``: stream the text to stdout as it arrives; write or play the
+    audio. With ``--chat`` and ``--out``, the conversation with the reply is written too."""
     import contextlib
 
     from .api import Omni
@@ -299,7 +339,7 @@ def _run_text(args: argparse.Namespace, config: PipelineConfig) -> int:
         )
         writer: WavWriter | None = None
         player: AudioPlayer | None = None
-        for output in omni.generate(args.text, request_id=request_id):
+        for output in omni.generate(request, request_id=request_id):
             if output.finished:
                 final = output
             elif output.text is not None and not args.json:
@@ -346,6 +386,13 @@ def _run_text(args: argparse.Namespace, config: PipelineConfig) -> int:
         if text is not None:
             (out / f"{request_id}.txt").write_text(text, encoding="utf-8")
             written.append(f"{request_id}.txt")
+        if text is not None and messages is not None:
+            # The conversation with the reply: give it back with --chat to go on.
+            turns = [*(message.to_json() for message in messages)]
+            turns.append({"role": "assistant", "content": text})
+            chat_path = out / f"{request_id}.chat.json"
+            chat_path.write_text(json.dumps(turns, indent=2) + "\n", encoding="utf-8")
+            written.append(chat_path.name)
         (out / "execution_plan.json").write_text(json.dumps(plan, indent=2) + "\n")
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
     audio_s = samples / rate if rate else 0.0
@@ -614,10 +661,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="the request of a pipeline that takes text; its text streams to stdout",
     )
     run.add_argument(
+        "--chat",
+        metavar="FILE.json",
+        help="a conversation for a pipeline that takes text: a JSON list of "
+        '{"role": "system"|"user"|"assistant", "content": ...} messages ending with the '
+        "user's turn, rendered with the model's chat template; the reply streams to stdout",
+    )
+    run.add_argument(
         "--out",
         metavar="DIR",
-        help="write outputs.npz, execution_plan.json, metrics.json (with --text: "
-        "<request>.wav, <request>.txt, execution_plan.json, metrics.json)",
+        help="write outputs.npz, execution_plan.json, metrics.json (with --text or --chat: "
+        "<request>.wav, <request>.txt, execution_plan.json, metrics.json; with --chat also "
+        "<request>.chat.json, the conversation with the reply)",
     )
     run.add_argument(
         "--play", action="store_true", help="with --text: play the audio as it is produced"

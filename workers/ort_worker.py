@@ -389,6 +389,9 @@ class GraphWorker:
         arena = self._arena
         if arena is None or not self._outputs_follow_inputs:
             return None
+        if all(spec_nbytes(spec) <= ARENA_THRESHOLD for spec in bucket.outputs):
+            # Every output travels inline in the result frame: nothing to place.
+            return None
         placed: dict[str, tuple[ArenaSlot, np.ndarray]] = {}
         for spec in bucket.outputs:
             found = arena.allocate(spec_nbytes(spec))

@@ -23,8 +23,9 @@ model's (``tokens``, ``finish_reason``, ``time_to_first_token_s``, ``generation_
 admission), ``audio_seconds``, ``chunks``, ``sentences``, ``pieces`` (each piece handed to the
 voice, with ``text_chars_at_handoff``: how much text existed then) and ``skipped``.
 
-A request is text (the prompt) or ``{"text": str, <sampling options>...}`` (see
-:func:`~runtime.engine.program.parse_text_request`).
+A request is text (the prompt), ``{"text": str, <sampling options>...}`` or a conversation,
+``{"messages": [{"role", "content"}, ...], <sampling options>...}``, which the model's own
+chat template renders (see :func:`~runtime.engine.program.parse_text_request`).
 
 Adapter options (``adapter.options``): the speech adapter's (``voice``, ``schedule``,
 ``scales``, ``sentence_silence_s``, ``overlap_sentences``, ``windows``) and
@@ -35,8 +36,9 @@ Adapter options (``adapter.options``): the speech adapter's (``voice``, ``schedu
     Text without a sentence end is cut at the last space before this many characters
     (default 160).
 ``prompt_template``
-    The prompt the model sees, with ``{text}`` where the request's text goes (default
-    ``{text}``); e.g. a chat model's turn markers.
+    The prompt the model sees for a text request, with ``{text}`` where the request's text
+    goes (default ``{text}``); e.g. a chat model's turn markers. A conversation is rendered
+    with the model's chat template instead.
 ``example_text``
     What the studio offers as an example request.
 """
@@ -259,7 +261,7 @@ class ChatSpeakProgram:
         self.sample_rate = self.speech.sample_rate
 
     def prepare(self, request_input: object) -> TextRequest:
-        """Text (or ``{"text": str, <sampling options>}``) -> a checked request."""
+        """Text, ``{"text": str, ...}`` or ``{"messages": [...], ...}`` -> a checked request."""
         request, _ = parse_text_request(
             request_input, pipeline=self.config.pipeline, defaults=self.sampling
         )
@@ -271,7 +273,11 @@ class ChatSpeakProgram:
         speaker = asyncio.ensure_future(self._speak(ctx, pieces, progress))
         llm = ctx.stage_name(LLM_STAGE)
         chunker = SentenceChunker(self.options.min_sentence_chars, self.options.max_sentence_chars)
-        prompt = self.options.prompt_template.replace(PROMPT_SLOT, request.prompt)
+        prompt = (
+            self.options.prompt_template.replace(PROMPT_SLOT, request.prompt)
+            if request.messages is None
+            else ctx.chat_prompt(LLM_STAGE, request.messages)
+        )
         try:
             async with ctx.generate(LLM_STAGE, prompt, **request.sampling) as stream:
                 async for text in stream:

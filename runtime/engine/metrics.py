@@ -7,9 +7,30 @@ benchmarks read their JSON (:meth:`StageCallMetrics.to_json`), whose keys stay a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
-__all__ = ["GenerationMetrics", "RequestMetrics", "StageCallMetrics", "StageTotals"]
+__all__ = [
+    "MAX_RECORDED_PROMPT",
+    "GenerationMetrics",
+    "RequestMetrics",
+    "StageCallMetrics",
+    "StageTotals",
+    "recorded_prompt",
+]
+
+#: The most characters of a prompt a request's record keeps (the end: the latest turns).
+MAX_RECORDED_PROMPT: Final = 32_768
+_CUT_MARK: Final = "[...]"
+
+
+def recorded_prompt(prompt: object) -> str | None:
+    """What a request's record keeps of ``prompt``: the text, or its end when it is long;
+    None for token ids."""
+    if not isinstance(prompt, str):
+        return None
+    if len(prompt) <= MAX_RECORDED_PROMPT:
+        return prompt
+    return _CUT_MARK + prompt[len(prompt) - MAX_RECORDED_PROMPT + len(_CUT_MARK) :]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +46,10 @@ class GenerationMetrics:
     time_to_first_token_s: float | None
     started_at: float
     finished_at: float
+    #: The prompt text the stage was given (a conversation rendered with the model's chat
+    #: template, say); its first part is dropped past :data:`MAX_RECORDED_PROMPT` characters.
+    #: None for a prompt of token ids.
+    prompt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +89,7 @@ class StageCallMetrics:
                 time_to_first_token_s=generation.time_to_first_token_s,
                 started_at=generation.started_at,
                 finished_at=generation.finished_at,
+                prompt=generation.prompt,
             )
         return document
 
@@ -76,11 +102,21 @@ class RequestMetrics:
     status: str
     stages: tuple[StageCallMetrics, ...]
 
+    @property
+    def prompts(self) -> dict[str, str]:
+        """The prompt text each language-model stage was given, by stage name."""
+        return {
+            call.stage: call.generation.prompt
+            for call in self.stages
+            if call.generation is not None and call.generation.prompt is not None
+        }
+
     def to_json(self) -> dict[str, Any]:
         return {
             "request_id": self.request_id,
             "status": self.status,
             "stages": [call.to_json() for call in self.stages],
+            "prompts": self.prompts,
         }
 
 

@@ -26,10 +26,11 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import numpy as np
 
+from runtime.chat import ChatMessage, parse_messages
 from runtime.config import LlmBackendConfig, resolve_callable
 from runtime.contracts.llm_messages import SamplingSpec
 from runtime.contracts.messages import MessageError
-from runtime.engine.metrics import GenerationMetrics, StageCallMetrics
+from runtime.engine.metrics import GenerationMetrics, StageCallMetrics, recorded_prompt
 from runtime.engine.outputs import OmniRequestOutput
 from runtime.engine.stages import GraphStage, LlmStage, StageHandle
 from runtime.errors import ModelError, RequestCancelled, UsageError
@@ -228,6 +229,7 @@ class TextStream(AsyncIterator[str]):
             else self._first_at - self._started_at,
             "generation_s": run_s,
             "tokens_per_s": self.tokens / run_s if run_s > 0 else None,
+            "prompt": recorded_prompt(self._prompt),
         }
 
     def _record(self) -> None:
@@ -252,6 +254,7 @@ class TextStream(AsyncIterator[str]):
                 else self._first_at - self._started_at,
                 started_at=self._started_at,
                 finished_at=finished,
+                prompt=recorded_prompt(prompt),
             ),
         )
         request.stage_metrics.append(entry)
@@ -349,6 +352,11 @@ class RequestContext:
         if not isinstance(handle, GraphStage):
             raise UsageError(f"{handle.name} is a language-model stage; use generate(), not call()")
         return handle
+
+    def chat_prompt(self, stage: int, messages: Sequence[ChatMessage]) -> str:
+        """``messages`` rendered into the prompt of language-model ``stage`` with its model's
+        chat template (UsageError when the template refuses them)."""
+        return self._llm(stage).chat_template.render(messages)
 
     def _llm(self, stage: int) -> LlmStage:
         handle = self._stages[stage]
@@ -646,34 +654,53 @@ class ChainProgram:
 
 @dataclass(frozen=True, slots=True)
 class TextRequest:
-    """A checked text request: the prompt, and the sampling options replacing the stage's."""
+    """A checked text request: the prompt, or a conversation (``messages``, rendered with the
+    model's chat template when the request runs; ``prompt`` is then the last user turn), and
+    the sampling options replacing the stage's."""
 
     prompt: str
     sampling: Mapping[str, Any]
+    messages: tuple[ChatMessage, ...] | None = None
 
 
 def parse_text_request(
     request_input: object, *, pipeline: str, defaults: SamplingSpec, extra_keys: Sequence[str] = ()
 ) -> tuple[TextRequest, dict[str, Any]]:
-    """Text, or ``{"text": str, <sampling options>...}`` -> a :class:`TextRequest`.
+    """Text, ``{"text": str, <sampling options>...}`` or ``{"messages": [{"role", "content"},
+    ...], <sampling options>...}`` -> a :class:`TextRequest`.
 
     ``extra_keys`` are other keys the caller's program accepts; their values come back in the
     second item. Raises UsageError naming what is accepted.
     """
-    accepted = f"a string, or {{'text': str}} with sampling options ({', '.join(SAMPLING_OPTIONS)})"
+    accepted = (
+        "a string, {'text': str} or {'messages': [{'role', 'content'}, ...]}, with sampling "
+        f"options ({', '.join(SAMPLING_OPTIONS)})"
+    )
     extra: dict[str, Any] = {}
+    messages: tuple[ChatMessage, ...] | None = None
     if isinstance(request_input, str):
         text: object = request_input
         options: dict[str, Any] = {}
     elif isinstance(request_input, Mapping):
         keys = [str(key) for key in request_input]
-        unknown = sorted(set(keys) - {"text", *SAMPLING_OPTIONS, *extra_keys})
-        if unknown or "text" not in request_input:
-            problem = f"unknown key {unknown[0]!r}" if unknown else "no 'text'"
+        unknown = sorted(set(keys) - {"text", "messages", *SAMPLING_OPTIONS, *extra_keys})
+        given = [key for key in ("text", "messages") if key in request_input]
+        if unknown or len(given) != 1:
+            problem = (
+                f"unknown key {unknown[0]!r}"
+                if unknown
+                else "both 'text' and 'messages'"
+                if given
+                else "no 'text' or 'messages'"
+            )
             raise UsageError(
                 f"pipeline {pipeline}: the request has {problem}; accepted: {accepted}"
             )
-        text = request_input["text"]
+        if given == ["messages"]:
+            messages = parse_messages(request_input["messages"], where=f"pipeline {pipeline}")
+            text = messages[-1].content
+        else:
+            text = request_input["text"]
         options = {key: value for key, value in request_input.items() if key in SAMPLING_OPTIONS}
         extra = {key: value for key, value in request_input.items() if key in extra_keys}
     else:
@@ -690,7 +717,7 @@ def parse_text_request(
             f"{MAX_PROMPT_CHARS}"
         )
     sampling_with(defaults, options, where=f"pipeline {pipeline}")
-    return TextRequest(text, options), extra
+    return TextRequest(text, options, messages), extra
 
 
 class TextProgram:
@@ -721,7 +748,10 @@ class TextProgram:
 
     async def run(self, ctx: RequestContext, request: TextRequest) -> None:
         stage = ctx.stage_name(0)
-        async with ctx.generate(0, request.prompt, **request.sampling) as stream:
+        prompt = (
+            request.prompt if request.messages is None else ctx.chat_prompt(0, request.messages)
+        )
+        async with ctx.generate(0, prompt, **request.sampling) as stream:
             async for text in stream:
                 await ctx.emit({}, stage=stage, text=text)
         await ctx.emit(

@@ -311,7 +311,7 @@ class StageRuntime:
             timeouts=self.llm_timeouts,
             env_dir=self.env_dir,
         )
-        return LlmStage(stage, backend, vllm)
+        return LlmStage(stage, backend, vllm, model_dir)
 
     def _graph_client(self, spec: GraphStageSpec, reservation: StageReservation) -> GraphClient:
         """A worker process serves the stage, or this process for a route's ``worker: inprocess``."""

@@ -13,7 +13,11 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeAlias
 
+from runtime.chat import ChatTemplate
+
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from runtime.backends.base import GraphClient, LlmClient, StageRecord
     from runtime.config import LlmBackendConfig, StageConfig
     from runtime.contracts import RequestKey
@@ -59,10 +63,27 @@ class LlmStage:
 
     kind: ClassVar[str] = LLM
 
-    def __init__(self, config: StageConfig, backend: LlmBackendConfig, client: LlmClient) -> None:
+    def __init__(
+        self,
+        config: StageConfig,
+        backend: LlmBackendConfig,
+        client: LlmClient,
+        model_dir: Path | None = None,
+    ) -> None:
         self.config = config
         self.backend = backend
         self.client = client
+        #: The local model's folder (None for a remote route): where its chat template is.
+        self.model_dir = model_dir
+        self._chat_template: ChatTemplate | None = None
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        """How a conversation becomes this model's prompt: its folder's chat template, or
+        the plain ``role: content`` form for a model without one (and a remote route)."""
+        if self._chat_template is None:
+            self._chat_template = ChatTemplate.from_model_dir(self.model_dir)
+        return self._chat_template
 
     @property
     def name(self) -> str:

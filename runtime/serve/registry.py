@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 from runtime.adapters.tts import SpeechAdapter
 from runtime.api import Omni
+from runtime.chat import ChatTemplate
 from runtime.config import LlmBackendConfig, PipelineConfig, load_pipeline
 from runtime.engine.outputs import END, OmniRequestOutput
 from runtime.errors import UsageError
 from runtime.events import EventBus, RequestAdmitted, RequestFinished
 from runtime.ledger import ResourceLedger
 from runtime.pipeline_input import TENSOR_INPUT, input_kind
-from runtime.serve.chat_template import ChatTemplate
 from runtime.serve.errors import RESTART_RETRY_AFTER_S, SERVER, ApiError
 
 if TYPE_CHECKING:

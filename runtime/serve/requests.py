@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from runtime.chat import ROLES, ChatMessage
 from runtime.serve.errors import invalid
 
 if TYPE_CHECKING:
     from runtime.serve.limits import ServeLimits
 
-ROLES: Final = ("system", "developer", "user", "assistant")
 #: Fields of a chat request that are read; ``IGNORED_CHAT_FIELDS`` are accepted and unused.
 CHAT_FIELDS: Final = (
     "model",
@@ -40,12 +40,6 @@ IGNORED_CHAT_FIELDS: Final = ("user", "presence_penalty", "frequency_penalty", "
 SPEECH_FIELDS: Final = ("model", "input", "voice", "response_format", "speed", "instructions")
 SPEECH_FORMATS: Final = ("wav", "pcm")
 MAX_STOP: Final = 4
-
-
-@dataclass(frozen=True, slots=True)
-class ChatMessage:
-    role: str
-    content: str
 
 
 @dataclass(frozen=True, slots=True)

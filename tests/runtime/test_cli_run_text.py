@@ -71,6 +71,41 @@ def test_a_text_pipeline_needs_text_and_only_text(
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.usefixtures("fake_voice")
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "cannot read it"),
+        ("{not json", "not JSON"),
+        ('{"turns": []}', "unknown key 'turns'; accepted: 'messages'"),
+        ("[]", "the messages are empty"),
+        ('[{"role": "user", "content": 3}]', "messages[0].content is int; accepted: text"),
+        ('{"messages": [{"role": "assistant", "content": "Hi."}]}', "is the assistant's"),
+    ],
+)
+def test_a_bad_conversation_file_is_named_with_what_is_accepted(
+    content: str | None, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "talk.json"
+    if content is not None:
+        path.write_text(content, encoding="utf-8")
+    assert main(["run", str(CHAT_SPEAK), "--chat", str(path)]) == EXIT_USAGE
+    error = capsys.readouterr().err
+    assert f"--chat {path}: " in error
+    assert message in error
+
+
+def test_a_conversation_is_for_text_pipelines_and_excludes_text(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "talk.json"
+    path.write_text('[{"role": "user", "content": "Hi."}]', encoding="utf-8")
+    assert main(["run", str(ADD), "--chat", str(path)]) == EXIT_USAGE
+    assert "--chat: pipeline demo_add takes tensors, not text" in capsys.readouterr().err
+    assert main(["run", str(ADD), "--chat", str(path), "--text", "Hi."]) == EXIT_USAGE
+    assert "--text and --chat: give one request" in capsys.readouterr().err
+
+
 def test_play_is_for_text_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", str(ADD), "--play"]) == EXIT_USAGE
     assert "--play applies to --text runs" in capsys.readouterr().err

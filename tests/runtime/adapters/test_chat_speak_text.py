@@ -134,6 +134,18 @@ def test_text_requests_are_text_or_text_with_sampling_options() -> None:
         {"text": "Hi.", "temperature": 0.0, "seed": 3}, pipeline="p", defaults=defaults
     )
     assert dict(request.sampling) == {"temperature": 0.0, "seed": 3}
+    conversation = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi."},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Name a river."},
+    ]
+    request, _ = parse_text_request(
+        {"messages": conversation, "max_tokens": 8}, pipeline="p", defaults=defaults
+    )
+    assert request.messages is not None
+    assert [message.to_json() for message in request.messages] == conversation
+    assert (request.prompt, dict(request.sampling)) == ("Name a river.", {"max_tokens": 8})
     # A shorter answer than the default minimum makes the minimum give way.
     assert sampling_with(defaults, {"max_tokens": 4}, where="p").min_tokens == 4
 
@@ -147,7 +159,19 @@ def test_text_requests_are_text_or_text_with_sampling_options() -> None:
         ("   ", "the text is empty"),
         ({"text": 5}, "the text is int"),
         ({"prompt": "Hi."}, "unknown key 'prompt'"),
-        ({"max_tokens": 3}, "has no 'text'"),
+        ({"max_tokens": 3}, "has no 'text' or 'messages'"),
+        ({"text": "Hi.", "messages": [{"role": "user", "content": "Hi."}]}, "both 'text' and"),
+        ({"messages": []}, "the messages are empty"),
+        ({"messages": [{"role": "robot", "content": "Hi."}]}, "messages[0].role is 'robot'"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "Hi."},
+                    {"role": "assistant", "content": "Yo"},
+                ]
+            },
+            "the last message is the assistant's",
+        ),
         ({"text": "Hi.", "max_tokens": 0}, "sampling.max_tokens"),
         ({"text": "Hi.", "top_p": 2}, "sampling.top_p"),
         ({"text": "Hi.", "stop": [""]}, "sampling.stop"),

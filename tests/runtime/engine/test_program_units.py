@@ -18,9 +18,10 @@ import pytest
 from runtime.backends.base import Delta, LlmClient, StageRecord
 from runtime.config import load_pipeline
 from runtime.contracts import RequestKey
+from runtime.engine.metrics import RequestMetrics
 from runtime.engine.orchestrator import Request
 from runtime.engine.outputs import OmniRequestOutput
-from runtime.engine.program import ChainProgram, Emitted, RequestContext
+from runtime.engine.program import ChainProgram, Emitted, RequestContext, TextProgram
 from runtime.engine.stage_runtime import StageRuntime
 from runtime.engine.stages import GraphStage, LlmStage
 from runtime.errors import ModelError, RequestCancelled, StageRetired, UsageError
@@ -434,7 +435,9 @@ class ScriptedLlm:
         return True
 
 
-def _llm_context(tmp_path: Path, client: LlmClient) -> tuple[RequestContext, EventBus]:
+def _llm_context(
+    tmp_path: Path, client: LlmClient, model_dir: Path | None = None
+) -> tuple[RequestContext, EventBus]:
     path = tmp_path / "llm.yaml"
     path.write_text(
         "pipeline: llm\nasync_chunk: false\nstages:\n  - stage_id: 0\n    backend:\n"
@@ -450,7 +453,8 @@ def _llm_context(tmp_path: Path, client: LlmClient) -> tuple[RequestContext, Eve
     assert not backend.is_graph
     events = EventBus()
     request = Request(request_id="t1", inputs=None, key=RequestKey("t1"))
-    return RequestContext(request, [LlmStage(stage, backend, client)], events), events  # type: ignore[arg-type]
+    handle = LlmStage(stage, backend, client, model_dir)  # type: ignore[arg-type]
+    return RequestContext(request, [handle], events), events
 
 
 def test_a_text_stream_yields_the_deltas_and_records_the_call(tmp_path: Path) -> None:
@@ -483,7 +487,9 @@ def test_a_text_stream_yields_the_deltas_and_records_the_call(tmp_path: Path) ->
             "time_to_first_token_s",
             "started_at",
             "finished_at",
+            "prompt",
         }
+        assert entry.generation.prompt == "Say hello"
         (event,) = recorder.calls()
         assert (event.stage, event.bytes_out) == ("stage-0", 12)
         metrics = stream.metrics()
@@ -537,5 +543,69 @@ def test_closing_the_context_aborts_unfinished_streams_and_bad_sampling_is_refus
             ctx.generate(0, "x", warmth=1)
         with pytest.raises(UsageError, match="is a language-model stage; use generate"):
             await ctx.call(0, {})
+
+    asyncio.run(scenario())
+
+
+def test_a_conversation_is_rendered_with_the_model_folders_template(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "chat_template.jinja").write_text(
+        "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant] {% endif %}",
+        encoding="utf-8",
+    )
+    conversation = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "My name is Ada."},
+        {"role": "assistant", "content": "Hello Ada."},
+        {"role": "user", "content": "What is my name?"},
+    ]
+
+    async def scenario() -> None:
+        client = ScriptedLlm("stage-0", ["Ada", "."])
+        client.release.set()
+        ctx, _ = _llm_context(tmp_path, client, model)
+        program = TextProgram(load_pipeline(tmp_path / "llm.yaml"))
+        request = program.prepare({"messages": conversation, "max_tokens": 2})
+        outputs: list[OmniRequestOutput] = []
+        ctx.request.stream.put = outputs.append  # type: ignore[method-assign]
+        await program.run(ctx, request)
+        rendered = (
+            "[system] Be brief.\n[user] My name is Ada.\n[assistant] Hello Ada.\n"
+            "[user] What is my name?\n[assistant] "
+        )
+        ((_, prompt, sampling),) = client.requests
+        assert (prompt, sampling.max_tokens) == (rendered, 2)
+        final = outputs[-1]
+        assert final.finished
+        assert (final.text, final.metrics["prompt"]) == ("Ada.", rendered)
+        record = RequestMetrics("t1", "completed", tuple(ctx.request.stage_metrics))
+        assert record.to_json()["prompts"] == {"stage-0": rendered}
+
+    asyncio.run(scenario())
+
+
+def test_a_template_that_refuses_the_turns_fails_the_request_with_its_words(
+    tmp_path: Path,
+) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "chat_template.jinja").write_text(
+        "{% if messages[0].role == 'system' %}{{ raise_exception('no system turns') }}{% endif %}"
+        "{{ messages[-1].content }}",
+        encoding="utf-8",
+    )
+
+    async def scenario() -> None:
+        client = ScriptedLlm("stage-0", ["x"])
+        ctx, _ = _llm_context(tmp_path, client, model)
+        program = TextProgram(load_pipeline(tmp_path / "llm.yaml"))
+        request = program.prepare(
+            {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]}
+        )
+        with pytest.raises(UsageError, match="refused the messages: no system turns"):
+            await program.run(ctx, request)
+        assert client.requests == []
 
     asyncio.run(scenario())

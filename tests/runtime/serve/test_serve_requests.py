@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from runtime.chat import FALLBACK, ChatTemplate
 from runtime.errors import ResourceUnavailable, StageRetired, UsageError
 from runtime.serve import ServeLimits, ServeOptions, is_loopback, resolve_api_key
 from runtime.serve.app import wav_header
-from runtime.serve.chat_template import FALLBACK, ChatTemplate
 from runtime.serve.errors import ApiError, from_runtime_error
 from runtime.serve.requests import (
     ChatMessage,
@@ -217,6 +217,7 @@ def test_the_chat_template_of_a_model_directory_and_the_fallback(tmp_path: Path)
         json.dumps(
             {
                 "bos_token": "<s>",
+                "add_bos_token": True,
                 "chat_template": "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|>"
                 "{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>"
                 "{% endif %}",

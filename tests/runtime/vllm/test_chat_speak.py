@@ -228,6 +228,36 @@ def test_text_and_speech_stream_from_one_request(chat: Chat) -> None:
     assert {"stage-1", "stage-2"} <= set(stages)
 
 
+def test_a_conversation_reaches_the_model_through_its_chat_template(chat: Chat) -> None:
+    first = [
+        {"role": "system", "content": "You are brief."},
+        {"role": "user", "content": "My name is Ada."},
+    ]
+    one = _take(chat.omni, {"messages": first, "max_tokens": 12})
+    assert one.final is not None
+    assert one.final.text
+    reply = one.final.text
+    second = [*first, {"role": "assistant", "content": reply}]
+    second.append({"role": "user", "content": "Say my name."})
+    two = _take(chat.omni, {"messages": second, "max_tokens": 12}, request_id="second-turn")
+    assert two.final is not None
+    # SmolLM2's own template (ChatML) carried both turns and the first reply to the model.
+    rendered = two.final.metrics["prompt"]
+    assert rendered == (
+        "<|im_start|>system\nYou are brief.<|im_end|>\n"
+        "<|im_start|>user\nMy name is Ada.<|im_end|>\n"
+        f"<|im_start|>assistant\n{reply}<|im_end|>\n"
+        "<|im_start|>user\nSay my name.<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    (record,) = [
+        entry for entry in chat.omni.metrics()["requests"] if entry["request_id"] == "second-turn"
+    ]
+    assert record["prompts"] == {"stage-0": rendered}
+    # The reply was spoken as it was written.
+    assert two.audio
+
+
 def test_two_requests_generate_in_the_engine_at_once(chat: Chat) -> None:
     assert chat.omni.orchestrator.concurrency == 4
     seen: list[int] = []
