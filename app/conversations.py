@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal, NoReturn
 
+from runtime.chat import ChatMessage
 from runtime.paths import data_dir
 
 if TYPE_CHECKING:
@@ -169,21 +170,22 @@ class Conversation:
             raise ValueError("there is no user turn to regenerate a reply for")
         return replace(self, turns=turns)
 
-    def messages(self) -> list[dict[str, str]]:
+    def messages(self) -> tuple[ChatMessage, ...]:
         """The chat messages of the next request: the system prompt when it has text, then
         every turn except failed replies (a stopped reply goes as far as it was written)."""
-        messages = [{"role": "system", "content": self.system}] if self.system.strip() else []
+        messages = [ChatMessage("system", self.system)] if self.system.strip() else []
         for turn in self.turns:
             if turn.role == "assistant" and (turn.status == "failed" or not turn.content):
                 continue
-            messages.append({"role": turn.role, "content": turn.content})
-        return messages
+            messages.append(ChatMessage(turn.role, turn.content))
+        return tuple(messages)
 
     def request(self) -> dict[str, object]:
-        """What the pipeline is sent for the next reply."""
+        """What the pipeline is sent for the next reply: ``{"messages": [...]}``, which the
+        runtime renders with the language-model stage's chat template."""
         if not self.awaits_reply:
             raise ValueError("the conversation does not end with a user turn")
-        return {"messages": self.messages()}
+        return {"messages": [message.to_json() for message in self.messages()]}
 
     def _appended(self, turn: Turn, now: float | None) -> Conversation:
         at = time.time() if now is None else now

@@ -38,7 +38,7 @@ def test_messages_carry_the_system_prompt_and_every_turn_in_order() -> None:
     assert conversation.last_reply == "Paris."
     assert conversation.updated == 1003.0
     # No system prompt: no system message.
-    assert conversation.with_system("  ").messages()[0]["role"] == "user"
+    assert conversation.with_system("  ").messages()[0].role == "user"
 
 
 def test_failed_replies_are_not_sent_and_stopped_ones_are_sent_as_written() -> None:
@@ -46,10 +46,10 @@ def test_failed_replies_are_not_sent_and_stopped_ones_are_sent_as_written() -> N
     conversation = conversation.for_regeneration()
     assert conversation.turns[-1].content == "And of Italy?"
     stopped = conversation.with_reply("Rome is", "stopped").with_user("Go on.")
-    roles = [(m["role"], m["content"]) for m in stopped.messages()]
+    roles = [(m.role, m.content) for m in stopped.messages()]
     assert roles[-3:] == [("user", "And of Italy?"), ("assistant", "Rome is"), ("user", "Go on.")]
     failed = conversation.with_reply("partial", "failed").with_user("Again?")
-    assert "partial" not in [m["content"] for m in failed.messages()]
+    assert "partial" not in [m.content for m in failed.messages()]
 
 
 def test_regeneration_drops_the_last_reply_and_needs_a_user_turn() -> None:
