@@ -234,11 +234,8 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         return True
 
     def cancel(self, *, keep_loaded: bool = False) -> bool:
-        """Cancel the running request (or the load it is waiting for).
-
-        The stages are unloaded after a cancel, unless ``keep_loaded`` (the chat view's Stop:
-        a language model's request is aborted inside vLLM and its worker stays usable) and
-        every stage is still usable; a stage the cancel retired is unloaded all the same."""
+        """Cancel the running request (or the load it is waiting for). The stages are then
+        unloaded, unless ``keep_loaded`` (the chat view's Stop) and all are still usable."""
         self._keep_after_cancel = keep_loaded
         if self._state is RunState.LOADING:
             self._cancel_after_load = True

@@ -121,6 +121,9 @@ class ChatView(QWidget):
 
         self.history = QListWidget()
         self.history.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Expanding)
+        # Long titles are cut with an ellipsis (the tooltip names the file) rather than scrolled.
+        self.history.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.history.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.history.itemActivated.connect(self._history_activated)
         self.history.currentItemChanged.connect(lambda *_: self._update_buttons())
         self.new_button = QPushButton("New conversation")
