@@ -157,8 +157,7 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         self._loaded = False
         self._request: Request | None = None
         self._metrics = RunMetrics()
-        self._cancel_after_load = False
-        self._keep_after_cancel = False
+        self._cancel_after_load = self._keep_after_cancel = False
         self._audio_sink: AudioSink | None = None
         self._serving = ServeSwitch(
             submit=self._submit,
@@ -223,8 +222,7 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         """Run one request (tensors as a mapping, or text); loads the stages first if needed."""
         if not self._state.can_run or self._config is None:
             return False
-        self._cancel_after_load = False
-        self._keep_after_cancel = False
+        self._cancel_after_load = self._keep_after_cancel = False
         if self._loaded:
             self._set_state(RunState.RUNNING)
             self._submit(partial(self._submit_job, request_input))
@@ -343,7 +341,9 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         try:
             if not is_manifest_path(path):
                 export_missing_voices(path, progress=self._post_studio_line)
-            opened = describe_pipeline(path, self._ctl_topology, self._ctl_selection)
+            opened = describe_pipeline(
+                path, self._ctl_topology, self._ctl_selection, self.ledger.snapshot()
+            )
         except (OmniError, OSError, ValueError) as exc:
             self._post(partial(self._open_failed, exc))
             return
@@ -356,7 +356,7 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         except (OmniError, OSError) as exc:
             self._post(partial(self.error.emit, error_info(exc)))
             return
-        self._post(partial(self.plan_changed.emit, plan_view(plan)))
+        self._post(partial(self.plan_changed.emit, plan_view(plan, self.ledger.snapshot())))
 
     def _load_job(self, config: PipelineConfig, request_input: object) -> None:
         events = EventBus()
@@ -578,6 +578,8 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
 
     def _on_ledger_event(self, event: LedgerEvent) -> None:
         self.ledger_changed.emit(ledger_view(event.snapshot))
+        if event.kind in ("quarantined", "resolved"):  # the badge counts what is quarantined
+            self._post(self._replan)
         self.log_line.emit(LogLine(time.time(), "INFO", "ledger", f"{event.kind}: {event.detail}"))
 
     def _handle_event(self, event: Event) -> None:
