@@ -112,6 +112,8 @@ class ChatView(QWidget):
         self.pipeline = ""
         self.conversation = Conversation.new("")
         self.draft: ReplyDraft | None = None
+        #: Text chunks the last finished reply arrived in.
+        self.reply_chunks = 0
         self._state = RunState.EMPTY
         self._reported: set[str] = set()
         self._redraw = QTimer(self)
@@ -363,6 +365,7 @@ class ChatView(QWidget):
             return
         status: Status = _OUTCOME_STATUS.get(outcome.status, "failed")
         self.draft = None
+        self.reply_chunks = draft.chunks
         self.conversation = self.conversation.with_reply(
             draft.text,
             status,
