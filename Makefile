@@ -31,9 +31,10 @@ reliability: setup
 	$(PY) benchmarks/reliability.py --fuzz-examples $(FUZZ_EXAMPLES) --soak-requests $(SOAK_REQUESTS)
 
 # Every speed goal measured beside its baseline: benchmarks/results/latest.{json,md}.
-# `bench` also rewrites the results table in README.md; `bench-quick` is the CI mode (< 3 min).
+# `bench` runs everything three times and keeps each figure's median run, and rewrites the
+# results table in README.md; `bench-quick` is the CI mode (one quick run, < 3 min).
 bench: setup
-	$(BIN)/omni-edge bench --update-readme
+	$(BIN)/omni-edge bench --runs 3 --update-readme
 
 bench-quick: setup
 	$(BIN)/omni-edge bench --quick

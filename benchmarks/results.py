@@ -191,6 +191,16 @@ def _machine_line(results: Results) -> str:
     versions = ", ".join(f"{name} {version}" for name, version in packages.items() if version)
     start = machine.get("load_average_at_start")
     end = machine.get("load_average_at_end")
+    runs = machine.get("runs")
+    if isinstance(runs, int) and runs > 1:
+        starts = "; ".join(str(value) for value in machine.get("load_average_at_each_start", []))
+        return (
+            f"{results.mode} runs from {results.started_at}: each figure is the median of {runs} "
+            f"runs ({results.duration_s:.0f} s in all) on {machine.get('cpu')}, "
+            f"{machine.get('logical_cores')} logical cores; load average at each run's start "
+            f"{starts}, {end} at the end; Python {machine.get('python')}, {versions}; "
+            f"revision {machine.get('revision')}."
+        )
     return (
         f"{results.mode} run of {results.started_at} ({results.duration_s:.0f} s) on "
         f"{machine.get('cpu')}, {machine.get('logical_cores')} logical cores; load average "

@@ -1,17 +1,23 @@
 """Run every benchmark and write ``latest.json`` and ``latest.md``.
 
-    python -m benchmarks.suite [--quick] [--out DIR] [--only ID,...] [--update-readme]
-    omni-edge bench [--quick] [--out DIR] [--only ID,...] [--update-readme]
+    python -m benchmarks.suite [--quick] [--runs N] [--out DIR] [--only ID,...] [--update-readme]
+    omni-edge bench [--quick] [--runs N] [--out DIR] [--only ID,...] [--update-readme]
 
 Benchmarks run one after another in this process (children where a fresh process is the
 point). Every declared figure appears in the results: measured, or *not run* with the reason
 (a missing prerequisite, quick mode, ``--only``, or the error that stopped it). Goals are
 reported, never asserted: the exit status is 0 whenever the results were written.
+
+With ``--runs N`` the whole suite runs N times in a row and each figure is the median run's
+(by the value its goal judges: the ratio, the added time or the measurement), so its
+measurement, baseline and ratio stay those of one run; its details list every run's value
+(``runs``) and the load average at each run's start is in the machine record.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import logging
 import os
@@ -33,6 +39,7 @@ from benchmarks import (
     vllm_figures,
 )
 from benchmarks.base import Benchmark, BenchOptions, NotRunnable
+from benchmarks.figures import Subject
 from benchmarks.graphs import PROJECT_ROOT
 from benchmarks.machine import load_average, machine_info
 from benchmarks.results import (
@@ -153,6 +160,60 @@ def run_suite(
     )
 
 
+def _judged(figure: Figure) -> float | None:
+    """The value a figure's goal looks at (its ratio when the goal judges none)."""
+    if figure.measurement is None:
+        return None
+    subject = figure.goal.subject
+    if subject is Subject.MEASUREMENT and figure.goal.comparator is not None:
+        return figure.measurement
+    if subject is Subject.ADDED and figure.baseline is not None:
+        return figure.measurement - figure.baseline
+    return figure.ratio if figure.ratio is not None else figure.measurement
+
+
+def median_results(runs: Sequence[Results]) -> Results:
+    """One results document from several runs of the suite: each figure the median run's.
+
+    A figure measured in some runs only takes the median of those; one measured in none
+    keeps the first run's reason."""
+    if len(runs) == 1:
+        return runs[0]
+    figures: list[Figure] = []
+    for index, first in enumerate(runs[0].figures):
+        versions = [run.figures[index] for run in runs]
+        measured = [
+            (value, position, figure)
+            for position, figure in enumerate(versions)
+            if (value := _judged(figure)) is not None
+        ]
+        if not measured:
+            figures.append(first)
+            continue
+        ordered = sorted(measured, key=lambda item: (item[0], item[1]))
+        _, position, chosen = ordered[(len(ordered) - 1) // 2]
+        details = dict(chosen.details)
+        details["runs"] = [
+            None if (value := _judged(figure)) is None else round(value, 6) for figure in versions
+        ]
+        details["median_of_runs"] = len(measured)
+        details["median_run"] = position + 1
+        figures.append(dataclasses.replace(chosen, details=details))
+    machine = dict(runs[-1].machine)
+    machine["load_average_at_start"] = runs[0].machine.get("load_average_at_start")
+    machine["load_average_at_each_start"] = [
+        run.machine.get("load_average_at_start") for run in runs
+    ]
+    machine["runs"] = len(runs)
+    return Results(
+        mode=runs[0].mode,
+        started_at=runs[0].started_at,
+        duration_s=round(sum(run.duration_s for run in runs), 1),
+        machine=machine,
+        figures=tuple(figures),
+    )
+
+
 def _write(path: Path, text: str) -> None:
     partial = path.with_name(f".{path.name}.partial")
     partial.write_text(text, encoding="utf-8")
@@ -203,10 +264,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--only", metavar="ID[,ID...]", help="run only these benchmarks (others: not run)"
     )
     parser.add_argument(
+        "--runs",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="run the suite N times and keep each figure's median run (default 1)",
+    )
+    parser.add_argument(
         "--update-readme",
         action="store_true",
         help="rewrite README.md's results table (between the bench markers)",
     )
+
+
+def _positive(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if not 1 <= number <= 20:
+        raise argparse.ArgumentTypeError(f"{value!r}; accepted: a whole number from 1 to 20")
+    return number
 
 
 def main_with(args: argparse.Namespace, *, log: Callable[[str], None]) -> int:
@@ -216,7 +294,15 @@ def main_with(args: argparse.Namespace, *, log: Callable[[str], None]) -> int:
     except ValueError as exc:
         log(str(exc))
         return 2
-    results = run_suite(quick=args.quick, only=only, progress=log)
+    if not 1 <= args.runs <= 20:
+        log(f"--runs {args.runs}; accepted: a whole number from 1 to 20")
+        return 2
+    runs: list[Results] = []
+    for number in range(1, args.runs + 1):
+        if args.runs > 1:
+            log(f"run {number} of {args.runs}")
+        runs.append(run_suite(quick=args.quick, only=only, progress=log))
+    results = median_results(runs)
     json_path, markdown_path = write_results(results, Path(args.out) if args.out else DEFAULT_OUT)
     if args.update_readme:
         update_readme(results)

@@ -52,6 +52,7 @@ __all__ = [
     "external_data_references",
     "inspect_bundle",
     "load_example_inputs",
+    "load_graph",
     "parse_meta_pairs",
     "sha256_file",
     "verify_bundle",
@@ -462,6 +463,11 @@ def _check_external_data(
                 code="external_data_not_listed",
                 subject=name,
             )
+
+
+def load_graph(graph_path: Path) -> onnx.ModelProto:
+    """An ONNX file's graph (without its external data); VerificationError when it is none."""
+    return _load_graph(graph_path)
 
 
 def _load_graph(graph_path: Path) -> onnx.ModelProto:

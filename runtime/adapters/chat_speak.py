@@ -37,8 +37,9 @@ Adapter options (``adapter.options``): the speech adapter's (``voice``, ``schedu
     (default 160).
 ``prompt_template``
     The prompt the model sees for a text request, with ``{text}`` where the request's text
-    goes (default ``{text}``); e.g. a chat model's turn markers. A conversation is rendered
-    with the model's chat template instead.
+    goes (default ``{text}``), e.g. a chat model's turn markers; or ``chat``: the text is the
+    user's turn in the model's own chat template. A conversation is always rendered with the
+    model's chat template.
 ``example_text``
     What the studio offers as an example request.
 """
@@ -58,7 +59,13 @@ from runtime.adapters.tts import SpeechAdapter
 from runtime.adapters.tts_text import SpeechInputError, split_sentences
 from runtime.config import GraphBackendConfig, LlmBackendConfig
 from runtime.engine.outputs import AudioChunk
-from runtime.engine.program import TextRequest, parse_text_request
+from runtime.engine.program import (
+    CHAT_TEMPLATE,
+    PROMPT_SLOT,
+    TextRequest,
+    parse_text_request,
+    text_prompt,
+)
 from runtime.errors import ConfigError, ModelError
 from runtime.pipeline_input import TEXT_INPUT
 
@@ -92,7 +99,6 @@ DEFAULT_MIN_SENTENCE_CHARS: Final = 24
 DEFAULT_MAX_SENTENCE_CHARS: Final = 160
 #: Bounds of ``max_sentence_chars``: long enough for a clause, short enough for early audio.
 MAX_SENTENCE_CHARS_RANGE: Final = (16, 2000)
-PROMPT_SLOT: Final = "{text}"
 DEFAULT_EXAMPLE_TEXT: Final = "Tell me a short story about a river and a mountain."
 
 
@@ -139,11 +145,14 @@ class ChatOptions:
                 f"max_sentence_chars ({largest})",
             )
         template = options.get("prompt_template", PROMPT_SLOT)
-        if not isinstance(template, str) or template.count(PROMPT_SLOT) != 1:
+        if not isinstance(template, str) or (
+            template != CHAT_TEMPLATE and template.count(PROMPT_SLOT) != 1
+        ):
             raise fail(
                 "prompt_template",
                 f"{template!r} is not a prompt template; accepted: a string with {PROMPT_SLOT} "
-                "exactly once, where the request's text goes",
+                f"exactly once, where the request's text goes, or {CHAT_TEMPLATE!r} (the text "
+                "as the user's turn in the model's chat template)",
             )
         example = options.get("example_text", DEFAULT_EXAMPLE_TEXT)
         if not isinstance(example, str) or not example.strip():
@@ -273,11 +282,7 @@ class ChatSpeakProgram:
         speaker = asyncio.ensure_future(self._speak(ctx, pieces, progress))
         llm = ctx.stage_name(LLM_STAGE)
         chunker = SentenceChunker(self.options.min_sentence_chars, self.options.max_sentence_chars)
-        prompt = (
-            self.options.prompt_template.replace(PROMPT_SLOT, request.prompt)
-            if request.messages is None
-            else ctx.chat_prompt(LLM_STAGE, request.messages)
-        )
+        prompt = text_prompt(ctx, LLM_STAGE, request, self.options.prompt_template)
         try:
             async with ctx.generate(LLM_STAGE, prompt, **request.sampling) as stream:
                 async for text in stream:

@@ -720,8 +720,41 @@ def parse_text_request(
     return TextRequest(text, options, messages), extra
 
 
+#: Where a prompt template puts the request's text.
+PROMPT_SLOT: Final = "{text}"
+#: The prompt template that makes a text request the user's turn in the model's chat template.
+CHAT_TEMPLATE: Final = "chat"
+
+
+def check_prompt_template(template: object, *, where: str) -> str:
+    """A prompt template (``{text}`` exactly once, or ``chat``); UsageError otherwise."""
+    if not isinstance(template, str) or (
+        template != CHAT_TEMPLATE and template.count(PROMPT_SLOT) != 1
+    ):
+        raise UsageError(
+            f"{where}: {template!r} is not a prompt template; accepted: a string with "
+            f"{PROMPT_SLOT} exactly once, where the request's text goes, or {CHAT_TEMPLATE!r} "
+            "(the text as the user's turn in the model's chat template)"
+        )
+    return template
+
+
+def text_prompt(ctx: RequestContext, stage: int, request: TextRequest, template: str) -> str:
+    """The prompt of language-model ``stage`` for ``request``: its conversation in the
+    model's chat template, or its text placed by ``template`` (``chat``: as the user's turn)."""
+    if request.messages is not None:
+        return ctx.chat_prompt(stage, request.messages)
+    if template == CHAT_TEMPLATE:
+        return ctx.chat_prompt(stage, (ChatMessage("user", request.prompt),))
+    return template.replace(PROMPT_SLOT, request.prompt)
+
+
 class TextProgram:
     """A lone language-model stage: the prompt in, its text streamed out.
+
+    As a pipeline's adapter (``runtime.engine.program:TextProgram``) it takes the option
+    ``prompt_template``: ``{text}`` (the default: the text as it is), a template with
+    ``{text}`` once, or ``chat`` (the text as the user's turn in the model's chat template).
 
     Each partial output carries the new text in :attr:`OmniRequestOutput.text`; the final one
     carries the whole text, and its ``metrics`` hold the tokens, the finish reason, the time to
@@ -731,7 +764,7 @@ class TextProgram:
     input_kind: Final = TEXT_INPUT
     example_text: Final = "The river and the mountain"
 
-    def __init__(self, config: PipelineConfig) -> None:
+    def __init__(self, config: PipelineConfig, options: Mapping[str, Any] | None = None) -> None:
         backend = config.stages[0].backend
         if not isinstance(backend, LlmBackendConfig) or len(config.stages) != 1:
             raise UsageError(
@@ -739,6 +772,16 @@ class TextProgram:
             )
         self.config = config
         self.sampling = backend.sampling
+        options = dict(options or {})
+        where = f"pipeline {config.pipeline}: adapter.options"
+        unknown = sorted(set(options) - {"prompt_template", "example_text"})
+        if unknown:
+            raise UsageError(
+                f"{where}: unknown option {unknown[0]!r}; accepted: prompt_template, example_text"
+            )
+        self.prompt_template = check_prompt_template(
+            options.get("prompt_template", PROMPT_SLOT), where=f"{where}.prompt_template"
+        )
 
     def prepare(self, request_input: Any) -> TextRequest:
         request, _ = parse_text_request(
@@ -748,9 +791,7 @@ class TextProgram:
 
     async def run(self, ctx: RequestContext, request: TextRequest) -> None:
         stage = ctx.stage_name(0)
-        prompt = (
-            request.prompt if request.messages is None else ctx.chat_prompt(0, request.messages)
-        )
+        prompt = text_prompt(ctx, 0, request, self.prompt_template)
         async with ctx.generate(0, prompt, **request.sampling) as stream:
             async for text in stream:
                 await ctx.emit({}, stage=stage, text=text)

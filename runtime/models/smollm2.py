@@ -20,21 +20,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from runtime.models.marker import (
-    PARTIAL,
-    ModelBuildError,
-    marker_ready,
-    remove_partials,
-    sha256_file,
-    write_marker,
-)
+from runtime.models.gguf import child_env, convert_gguf, ensure_packages, run_step
+from runtime.models.marker import ModelBuildError, marker_ready
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -102,83 +93,14 @@ def convert_smollm2(out_dir: Path) -> Path:
     out_dir = Path(out_dir)
     if smollm2_ready(out_dir):
         return out_dir
-    source = _source_gguf()
-    torch = importlib.import_module("torch")
-    transformers = importlib.import_module("transformers")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    remove_partials(out_dir)
-    partial = out_dir.parent / f"{out_dir.name}{PARTIAL}-{os.getpid()}"
-    partial.mkdir()
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(
-            str(source.parent), gguf_file=source.name
-        )
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(source.parent), gguf_file=source.name, dtype=torch.bfloat16
-        )
-        # The weights are dequantized now: the folder must not claim to be GGUF-quantized.
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        if getattr(model, "hf_quantizer", None) is not None:
-            model.hf_quantizer = None
-        model.save_pretrained(str(partial), safe_serialization=True)
-        tokenizer.save_pretrained(str(partial))
-        if not getattr(tokenizer, "chat_template", None):
-            raise ModelBuildError(f"{source} carries no chat template")
-        write_marker(
-            partial,
-            {
-                "format": 1,
-                "kind": MODEL_NAME,
-                "version": MODEL_VERSION,
-                "license": LICENSE,
-                "source": {"package": CONVERSION_PACKAGES[0], "file": GGUF_NAME},
-                "source_sha256": sha256_file(source),
-                "torch": str(torch.__version__),
-                "transformers": str(transformers.__version__),
-            },
-        )
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        partial.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    return out_dir
-
-
-def _child_env(root: Path) -> dict[str, str]:
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
+    record = {
+        "format": 1,
+        "kind": MODEL_NAME,
+        "version": MODEL_VERSION,
+        "license": LICENSE,
+        "source": {"package": CONVERSION_PACKAGES[0], "file": GGUF_NAME},
     }
-    env.update({"PYTHONPATH": str(root), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
-    return env
-
-
-def _run(argv: list[str], env: dict[str, str], root: Path, timeout_s: float, what: str) -> None:
-    try:
-        done = subprocess.run(
-            argv,
-            env=env,
-            cwd=str(root),
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise ModelBuildError(
-            f"{what} did not finish within {timeout_s:g} s: {' '.join(argv)}"
-        ) from exc
-    except OSError as exc:
-        raise ModelBuildError(f"cannot run {argv[0]}: {exc.strerror or exc}") from exc
-    if done.returncode != 0:
-        tail = "\n".join((done.stdout + done.stderr).splitlines()[-20:])
-        raise ModelBuildError(
-            f"{what} failed (exit status {done.returncode}): {' '.join(argv)}\n{tail}"
-        )
+    return convert_gguf(_source_gguf(), out_dir, record=record, require_chat_template=True)
 
 
 def ensure_smollm2_model(
@@ -195,45 +117,19 @@ def ensure_smollm2_model(
     if smollm2_ready(target):
         return target
     root = Path(__file__).resolve().parents[2] if project_root is None else project_root
-    env = _child_env(root)
-    probe = "import importlib.util, sys; sys.exit(any(importlib.util.find_spec(m) is None for m in sys.argv[1:]))"
-    try:
-        missing = (
-            subprocess.run(
-                [str(python), "-c", probe, *CONVERSION_MODULES],
-                env=env,
-                capture_output=True,
-                timeout=120,
-                check=False,
-            ).returncode
-            != 0
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ModelBuildError(f"cannot run {python}: {exc}") from exc
-    if missing:
-        if progress is not None:
-            progress(f"installing {', '.join(CONVERSION_PACKAGES)} into {python}")
-        _run(
-            [
-                str(python),
-                "-m",
-                "pip",
-                "install",
-                "--no-deps",
-                "--disable-pip-version-check",
-                "--no-input",
-                "--progress-bar",
-                "off",
-                *CONVERSION_PACKAGES,
-            ],
-            env,
-            root,
-            timeout_s,
-            "installing the conversion packages",
-        )
+    env = child_env(root)
+    ensure_packages(
+        python,
+        CONVERSION_PACKAGES,
+        CONVERSION_MODULES,
+        env=env,
+        root=root,
+        timeout_s=timeout_s,
+        progress=progress,
+    )
     if progress is not None:
         progress(f"converting {MODEL_NAME} into {target} (once; about 260 MB)")
-    _run(
+    run_step(
         [str(python), "-m", "runtime.models.smollm2", "--out", str(target)],
         env,
         root,

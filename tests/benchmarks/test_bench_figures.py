@@ -27,7 +27,14 @@ from benchmarks.results import (
     render_summary,
     replace_readme_block,
 )
-from benchmarks.suite import all_benchmarks, parse_only, run_benchmark, update_readme
+from benchmarks.suite import (
+    all_benchmarks,
+    median_results,
+    parse_only,
+    run_benchmark,
+    update_readme,
+    write_results,
+)
 from runtime.errors import ConfigError
 
 LATENCY = FigureSpec(
@@ -229,3 +236,58 @@ def test_update_readme_rewrites_only_the_results_block(tmp_path: Path) -> None:
     assert text.endswith(f"{README_END}\noutro\n")
     assert "old" not in text
     assert [path.name for path in tmp_path.iterdir()] == ["README.md"]
+
+
+def _run(load: float, *figures: Figure) -> Results:
+    results = _results(*figures)
+    machine = dict(results.machine, load_average_at_start=[load, load, load])
+    return Results(results.mode, results.started_at, 10.0, machine, figures)
+
+
+def test_several_runs_keep_each_figures_median_run(tmp_path: Path) -> None:
+    runs = [
+        _run(
+            0.5,
+            LATENCY.measured(0.9, 0.1, "in process", {}, "two wake-ups"),
+            RATE.not_run("no vLLM"),
+            SIZE.measured(30.0, 10.0, "raw", {}),
+        ),
+        _run(
+            0.7,
+            LATENCY.measured(0.4, 0.2, "in process", {}, "two wake-ups"),
+            RATE.measured(90.0, 100.0, "direct", {}, "slow"),
+            SIZE.measured(12.0, 10.0, "raw", {}),
+        ),
+        _run(
+            0.9,
+            LATENCY.measured(0.7, 0.1, "in process", {}, "two wake-ups"),
+            RATE.measured(120.0, 100.0, "direct", {}),
+            SIZE.measured(20.0, 10.0, "raw", {}),
+        ),
+    ]
+    merged = median_results(runs)
+    latency = merged.figure("t.latency")
+    # Judged by the added time (0.8, 0.2, 0.6): the median is the third run's, kept whole.
+    assert (latency.measurement, latency.baseline) == (0.7, 0.1)
+    assert latency.details["runs"] == [0.8, 0.2, 0.6]
+    assert (latency.details["median_of_runs"], latency.details["median_run"]) == (3, 3)
+    # Measured in two runs only: the lower of the two middle values (measurement 90).
+    rate = merged.figure("t.rate")
+    assert rate.measurement == 90.0
+    assert rate.details["runs"] == [None, 90.0, 120.0]
+    # A report-only figure is judged by its ratio.
+    assert merged.figure("t.size").measurement == 20.0
+    assert merged.machine["load_average_at_each_start"] == [[0.5] * 3, [0.7] * 3, [0.9] * 3]
+    assert merged.duration_s == 30.0
+    json_path, markdown_path = write_results(merged, tmp_path)
+    assert load_results(json_path).figure("t.latency").details["runs"] == [0.8, 0.2, 0.6]
+    assert "each figure is the median of 3 runs" in markdown_path.read_text(encoding="utf-8")
+    # One run is itself.
+    assert median_results(runs[:1]) is runs[0]
+
+
+def test_runs_out_of_range_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    from runtime.cli import main
+
+    assert main(["bench", "--runs", "0"]) == 2
+    assert "--runs 0; accepted: a whole number from 1 to 20" in capsys.readouterr().err
