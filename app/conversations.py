@@ -233,7 +233,7 @@ class Conversation:
         turns = tuple(reader.turn(item, index) for index, item in enumerate(turns_value))
         return cls(
             id=conversation_id,
-            pipeline=reader.text(top, "pipeline"),
+            pipeline=reader.text(top, "pipeline", empty=True),
             system=reader.text(top, "system", empty=True),
             turns=turns,
             created=reader.number(top, "created"),
