@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QListWidget,
     QListWidgetItem,
+    QMessageBox,
     QPlainTextEdit,
     QPushButton,
     QSizePolicy,
@@ -34,6 +35,8 @@ from app.models import ErrorInfo, RunOutcome, RunState, TextChunk
 from app.widgets.common import NEUTRAL, OK, WARN, StatusChip, dim, section_title
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from app.conversations import ConversationStore, Status, Turn
 
 #: The transcript redraws at most this often while a reply streams in.
@@ -114,6 +117,8 @@ class ChatView(QWidget):
         self.draft: ReplyDraft | None = None
         #: Text chunks the last finished reply arrived in.
         self.reply_chunks = 0
+        #: Asked before the Delete button removes a conversation (its title -> go ahead).
+        self.confirm_delete: Callable[[str], bool] = self._ask_before_deleting
         self._state = RunState.EMPTY
         self._reported: set[str] = set()
         self._redraw = QTimer(self)
@@ -323,8 +328,16 @@ class ChatView(QWidget):
 
     def _delete_selected(self) -> None:
         item = self.history.currentItem()
-        if item is not None:
+        if item is not None and self.confirm_delete(item.text().splitlines()[0]):
             self.delete_conversation(str(item.data(Qt.ItemDataRole.UserRole)))
+
+    def _ask_before_deleting(self, title: str) -> bool:
+        answer = QMessageBox.question(
+            self,
+            "Delete conversation",
+            f"Delete the conversation “{title}”? Its file is removed from {self.store.folder}.",
+        )
+        return answer == QMessageBox.StandardButton.Yes
 
     def _ask(self) -> bool:
         self.draft = ReplyDraft()

@@ -160,6 +160,7 @@ def test_a_conversation_carries_its_turns_and_reopens_after_a_restart(
     assert third.status == "completed", third.message
     assert_in_order(chat.prompts[-1], [FIRST, reply.strip(), SECOND, THIRD])
     chat.history.setCurrentRow(ids.index(conversation.id))
+    chat.confirm_delete = lambda title: title == FIRST
     chat.delete_button.click()
     assert not saved.exists()
     assert chat.conversation.turns == ()

@@ -180,6 +180,12 @@ def test_conversations_are_listed_reopened_after_a_restart_and_deleted(
     restarted.history.setCurrentRow(
         next(i for i in range(2) if restarted.history.item(i).text().startswith("First"))
     )
+    asked: list[str] = []
+    restarted.confirm_delete = lambda title: asked.append(title) or False
+    restarted.delete_button.click()
+    assert asked == ["First conversation"]
+    assert restarted.history.count() == 2  # not confirmed: nothing deleted
+    restarted.confirm_delete = lambda title: True
     restarted.delete_button.click()
     assert restarted.history.count() == 1
     assert not (store.folder / f"{first}.json").exists()
