@@ -39,8 +39,11 @@ if TYPE_CHECKING:
 
     from app.conversations import ConversationStore, Status, Turn
 
-#: The transcript redraws at most this often while a reply streams in.
+#: The transcript redraws at most this often while a reply streams in; a long conversation
+#: waits longer, so redrawing never takes more than a quarter of the GUI thread's time.
 REDRAW_MS = 30
+MAX_REDRAW_MS = 500
+REDRAW_SHARE = 4
 _STATUS_NOTES = {"stopped": "stopped", "failed": "failed"}
 _OUTCOME_STATUS: dict[str, Status] = {"completed": "done", "cancelled": "stopped"}
 
@@ -394,12 +397,15 @@ class ChatView(QWidget):
     # -- drawing and saving --------------------------------------------------------------
 
     def redraw(self) -> None:
+        started = time.perf_counter()
         self._redraw.stop()
         self.title.setText(self.conversation.title)
         self.transcript.setHtml(transcript_html(self.conversation, self.draft, self.palette()))
         bar = self.transcript.verticalScrollBar()
         bar.setValue(bar.maximum())
         self._update_buttons()
+        cost_ms = (time.perf_counter() - started) * 1000
+        self._redraw.setInterval(max(REDRAW_MS, min(MAX_REDRAW_MS, round(cost_ms * REDRAW_SHARE))))
 
     def _save(self) -> None:
         if not self.conversation.turns:
