@@ -110,6 +110,8 @@ CHAT_SCRIPT = Path(__file__).with_name("chat_screenshots.py")
 CHAT_EXPECTED = ("chat-view-streaming.png", "chat-view.png", "chat-speak.png")
 
 
+# Slow: two language-model pipelines start (minutes); `make screenshots` and `make slow` run it.
+@pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.timeout(1800)
 def test_screenshots_of_the_conversation_view(
