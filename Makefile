@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 BUNDLES_STAMP := assets/bundles/.built
 
-.PHONY: run test lint typecheck unit slow reliability bench bench-quick screenshots setup system-deps bundles voice bytecode package clean
+.PHONY: run test lint typecheck unit slow reliability bench bench-quick gpu-check screenshots setup system-deps bundles voice bytecode package clean
 
 # Without a display (a server, CI) the studio cannot open a window: run its headless self-test.
 run: setup
@@ -38,6 +38,18 @@ bench: setup
 
 bench-quick: setup
 	$(BIN)/omni-edge bench --quick
+
+# An NVIDIA GPU end to end (benchmarks/gpu_check.py): the ort-cuda and vllm-cuda environments,
+# the add and MLP-chain demos on the CUDA provider (placement gate at fraction 1.0), chat-speak
+# with vLLM on the GPU; results in benchmarks/results/gpu-check.json. The probe needs only the
+# standard library: without an NVIDIA GPU it says so and nothing is set up or installed.
+gpu-check:
+	@status=0; $(PYTHON) benchmarks/gpu_check.py --probe || status=$$?; \
+	if [ $$status -eq 0 ]; then \
+		$(MAKE) --no-print-directory setup && $(PY) benchmarks/gpu_check.py; \
+	elif [ $$status -ne 3 ]; then \
+		exit $$status; \
+	fi
 
 # Refresh docs/screenshots/ (the studio on Xvfb during a run, and each panel).
 screenshots: setup

@@ -132,17 +132,7 @@ def _route_json(config: PipelineConfig, index: int) -> dict[str, Any]:
     backend = config.stages[index].backend
     if isinstance(backend, LlmBackendConfig):
         return _llm_route_json(backend)
-    route = backend.route
-    return {
-        "name": route.name,
-        "interpreter": route.interpreter,
-        "worker": route.worker,
-        "ep": route.ep,
-        "os_domain": route.os_domain,
-        "max_io_bytes": route.max_io_bytes,
-        "min_fraction_on_target": route.min_fraction_on_target,
-        "allowed_providers": list(route.allowed_providers),
-    }
+    return backend.route.to_json()
 
 
 def plan_pipeline(
@@ -183,6 +173,14 @@ def plan_pipeline(
                     refusals.append(f"device: {exc}")
                 else:
                     llm_device = f"{found.name} ({found.physical_id})"
+                    domain = route_domain(machine, llm_route.os_domain)
+                    charged = machine.charges(found.physical_id, domain)
+                    missing = [c for c in charged if c not in stage.resource_budget.demands]
+                    if missing:
+                        warnings.append(
+                            f"{stage.name} runs its engine on {found.name}, which draws on "
+                            f"{', '.join(charged)}, but demands nothing of {', '.join(missing)}"
+                        )
             stages.append(
                 StagePlan(
                     name=stage.name,

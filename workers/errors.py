@@ -20,6 +20,7 @@ WORKER_ERROR_CODES: Final = frozenset(
         "bad_example_inputs",  # the example inputs cannot be loaded or do not fit the graph
         "bad_route",  # providers, allowed providers and target contradict each other
         "provider_absent",  # an execution provider is not in this ONNX Runtime build
+        "device_absent",  # ONNX Runtime lists no device of the provider matching the request
         "session_failed",  # ONNX Runtime refused to create the session
         "warmup_failed",  # the warm-up call with the example inputs failed
         "placement_unavailable",  # neither assignment info nor a profile was recorded

@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import onnxruntime as ort
-from onnxruntime.capi import onnxruntime_pybind11_state as _ort_state
 
 from runtime.contracts.buffers import DescriptorError, DType
 from runtime.contracts.manifest import (
@@ -43,9 +42,17 @@ from runtime.contracts.manifest import (
 from runtime.contracts.messages import TensorSpec
 from runtime.onnx_wire import WireError, external_data_locations
 from workers.errors import WorkerError
+from workers.ort_devices import (
+    ORT_DEVICE_API,
+    ORT_EXTENSION_ERRORS,
+    DeviceApi,
+    configure_providers,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
+
+    from runtime.contracts.ep_device import AppliedDevice, EpDeviceRequest
 
 __all__ = [
     "ASSIGNMENT_INFO_AVAILABLE",
@@ -65,6 +72,7 @@ __all__ = [
     "bucket_inputs",
     "bucket_shapes",
     "check_call_inputs",
+    "create_placed_session",
     "create_session",
     "describe_spec",
     "load_verified_graph",
@@ -92,17 +100,7 @@ _ALLOW_SPINNING: Final = "session.intra_op.allow_spinning"
 MAX_BUCKETS: Final = 16
 #: Folder name prefix of the temporary profile used where assignment info is unavailable.
 PROFILE_PREFIX: Final = "omni-edge-ort-profile-"
-#: Every exception type the ONNX Runtime extension raises (they derive from Exception only).
-_ORT_ERRORS: Final[tuple[type[Exception], ...]] = (
-    *(
-        value
-        for value in vars(_ort_state).values()
-        if isinstance(value, type) and issubclass(value, Exception)
-    ),
-    RuntimeError,
-    ValueError,
-    TypeError,
-)
+_ORT_ERRORS: Final = ORT_EXTENSION_ERRORS
 #: The same, for the worker that runs calls (public name).
 ORT_ERRORS: Final = _ORT_ERRORS
 
@@ -410,7 +408,37 @@ def create_session(
     allow_spinning: bool = True,
     profile_prefix: Path | None = None,
 ) -> ort.InferenceSession:
-    """Create a session from the verified bytes, strictly on the route's providers.
+    """A session on ONNX Runtime's default device of the target provider (see
+    :func:`create_placed_session`)."""
+    session, _ = create_placed_session(
+        graph,
+        providers,
+        allowed_providers,
+        target_provider,
+        intra_op_threads=intra_op_threads,
+        allow_spinning=allow_spinning,
+        profile_prefix=profile_prefix,
+    )
+    return session
+
+
+def create_placed_session(
+    graph: LoadedGraph,
+    providers: Sequence[str],
+    allowed_providers: Sequence[str],
+    target_provider: str,
+    *,
+    intra_op_threads: int = 0,
+    allow_spinning: bool = True,
+    profile_prefix: Path | None = None,
+    device: EpDeviceRequest | None = None,
+    provider_options: Mapping[str, str] | None = None,
+    ep_library: str | None = None,
+    device_api: DeviceApi = ORT_DEVICE_API,
+) -> tuple[ort.InferenceSession, AppliedDevice]:
+    """Create a session from the verified bytes, strictly on the route's providers, and on
+    the requested ``device`` with the route's ``provider_options`` (see
+    :mod:`workers.ort_devices`); return it with the device and options applied.
 
     CPU fallback is disabled when the CPU provider is not allowed, and ONNX Runtime's
     Python-side retry on the CPU is switched off. Placement is recorded as EP graph
@@ -424,16 +452,26 @@ def create_session(
             f"ONNX Runtime {ort.__version__} cannot report EP graph assignment; accepted: a "
             "profile_prefix, so that placement is read from a profile",
         )
-    available = ort.get_available_providers()
-    absent = [provider for provider in providers if provider not in available]
-    if absent:
-        raise WorkerError(
-            "provider_absent",
-            f"execution provider(s) {', '.join(absent)} are not available in this ONNX "
-            f"Runtime build ({ort.__version__}); available: {', '.join(available)}",
-            subject=absent[0],
-        )
     options = ort.SessionOptions()
+    chosen = configure_providers(
+        options,
+        providers,
+        target_provider,
+        device=device,
+        provider_options=provider_options,
+        ep_library=ep_library,
+        api=device_api,
+    )
+    if chosen.providers is not None:
+        available = ort.get_available_providers()
+        absent = [provider for provider in providers if provider not in available]
+        if absent:
+            raise WorkerError(
+                "provider_absent",
+                f"execution provider(s) {', '.join(absent)} are not available in this ONNX "
+                f"Runtime build ({ort.__version__}); available: {', '.join(available)}",
+                subject=absent[0],
+            )
     options.intra_op_num_threads = intra_op_threads
     if not allow_spinning:
         # Idle intra-op threads sleep instead of spinning on cores other work needs.
@@ -455,7 +493,15 @@ def create_session(
             names, buffers, [len(buffer) for buffer in buffers]
         )
     try:
-        session = ort.InferenceSession(graph.graph_bytes, options, providers=list(providers))
+        if chosen.providers is None:
+            session = ort.InferenceSession(graph.graph_bytes, options)
+        else:
+            session = ort.InferenceSession(
+                graph.graph_bytes,
+                options,
+                providers=list(chosen.providers),
+                provider_options=[dict(one) for one in chosen.provider_options or ()],
+            )
     except _ORT_ERRORS as exc:
         strict = (
             f" (CPU fallback is disabled: {CPU_PROVIDER} is not in allowed_providers "
@@ -478,7 +524,17 @@ def create_session(
             f"{', '.join(session.get_providers())}",
             subject=dropped[0],
         )
-    return session
+    return session, _with_session_options(chosen.applied, session)
+
+
+def _with_session_options(applied: AppliedDevice, session: ort.InferenceSession) -> AppliedDevice:
+    """The applied options, with the values the session reports for its provider (ONNX
+    Runtime fills in its defaults and normalises what it was given)."""
+    reported = session.get_provider_options().get(applied.ep_name) or {}
+    if not reported:
+        return applied
+    merged = {**applied.provider_options, **{str(k): str(v) for k, v in reported.items()}}
+    return dataclasses.replace(applied, provider_options=merged)
 
 
 @dataclass(frozen=True, slots=True)
@@ -491,6 +547,7 @@ class OpenedGraph:
     placement: PlacementCounts
     load_s: float
     warmup_s: float
+    device: AppliedDevice
 
 
 def open_graph(
@@ -503,6 +560,10 @@ def open_graph(
     max_io_bytes: int,
     intra_op_threads: int = 0,
     allow_spinning: bool = True,
+    device: EpDeviceRequest | None = None,
+    provider_options: Mapping[str, str] | None = None,
+    ep_library: str | None = None,
+    device_api: DeviceApi = ORT_DEVICE_API,
 ) -> OpenedGraph:
     """Verify, create the session, warm up every bucket and measure placement.
 
@@ -518,7 +579,10 @@ def open_graph(
             # The profile only lives until placement_of has read it.
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix=PROFILE_PREFIX))
             profile_prefix = Path(folder) / "ort"
-        session = create_session(
+        if device is not None and device.type != "cpu":
+            # One process at a time initialises an accelerator (held through warm-up).
+            _hold_device_lock(stack, device.physical_id)
+        session, applied = create_placed_session(
             graph,
             providers,
             allowed_providers,
@@ -526,6 +590,10 @@ def open_graph(
             intra_op_threads=intra_op_threads,
             allow_spinning=allow_spinning,
             profile_prefix=profile_prefix,
+            device=device,
+            provider_options=provider_options,
+            ep_library=ep_library,
+            device_api=device_api,
         )
         loaded = time.perf_counter()
         buckets = warm_up_buckets(session, graph.example_inputs, shapes)
@@ -546,7 +614,18 @@ def open_graph(
             f"the bucket's inputs plus outputs are {largest.io_nbytes} bytes; accepted: at "
             f"most max_io_bytes = {max_io_bytes} (raise it in the route)",
         )
-    return OpenedGraph(graph, session, buckets, placement, loaded - started, warmed - loaded)
+    return OpenedGraph(
+        graph, session, buckets, placement, loaded - started, warmed - loaded, applied
+    )
+
+
+def _hold_device_lock(stack: ExitStack, physical_id: str) -> None:
+    from runtime.host.locks import DeviceLockTimeout, device_init_lock
+
+    try:
+        stack.enter_context(device_init_lock(physical_id))
+    except (DeviceLockTimeout, OSError) as exc:
+        raise WorkerError("session_failed", str(exc), subject=physical_id) from None
 
 
 def _check_route(

@@ -149,6 +149,9 @@ class GraphWorker:
             max_io_bytes=message.max_io_bytes,
             intra_op_threads=message.intra_op_threads,
             allow_spinning=message.allow_spinning,
+            device=message.device,
+            provider_options=message.provider_options,
+            ep_library=message.ep_library,
         )
         session, buckets, placement = opened.session, opened.buckets, opened.placement
         bucket = buckets[0]
@@ -180,6 +183,7 @@ class GraphWorker:
             arena_bytes=0 if self._arena is None else self._arena.size,
             max_input_bytes=max(one.input_nbytes for one in buckets),
             arena_name=None if self._arena is None else self._arena.name,
+            device=opened.device,
         )
 
     # Serving.

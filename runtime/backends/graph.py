@@ -30,8 +30,13 @@ from runtime.backends.base import (
     WorkerRecord,
     check_usable,
 )
+from runtime.backends.borrowed import BorrowedReader
 from runtime.backends.placement import PlacementReport, gate_placement
-from runtime.backends.worker_client import WorkerStageClient, worker_launch_spec
+from runtime.backends.worker_client import (
+    WorkerStageClient,
+    route_other_domain,
+    worker_launch_spec,
+)
 from runtime.contracts import FrameLimits, RequestKey
 from runtime.contracts.binary import FEATURE as BINARY_FEATURE
 from runtime.contracts.buffers import DescriptorError
@@ -47,6 +52,7 @@ from runtime.contracts.messages import (
     decode_message,
 )
 from runtime.contracts.process import GRAPH_TMPDIR_PREFIX, PRIVATE_TMPDIR_VARIABLE
+from runtime.devices import ep_device_request
 from runtime.errors import (
     ConfigError,
     ExecutionError,
@@ -58,7 +64,7 @@ from runtime.errors import (
     StageRetired,
     VerificationError,
 )
-from runtime.host import current_os_domain, spawn_worker
+from runtime.host import spawn_worker
 from runtime.transport.arena import arena_size_for
 from runtime.transport.channel import ARENA_THRESHOLD, ChannelClosed, ProtocolError, frame_acks
 from runtime.transport.shm import ShmError, new_prefix, sweep_segments
@@ -69,9 +75,12 @@ if TYPE_CHECKING:
     from runtime.backends.threads import ThreadPlan
     from runtime.config import RouteConfig
     from runtime.contracts.codec import Frame
+    from runtime.contracts.devices import DeviceDescriptor
+    from runtime.contracts.ep_device import AppliedDevice, EpDeviceRequest
     from runtime.contracts.messages import Message, TensorSpec
     from runtime.events import EventBus
     from runtime.host import LaunchSpec, RetireOutcome
+    from runtime.host.crossdomain import OtherDomain
     from runtime.ledger import ResourceLedger, StageReservation
 
 log = logging.getLogger("omni.backends.graph")
@@ -112,6 +121,30 @@ class GraphStageSpec:
     bundle: VerifiedBundle
     route: RouteConfig
     threads: ThreadPlan | None = None
+    #: The device admission chose for the stage (None: ONNX Runtime's default device).
+    device: DeviceDescriptor | None = None
+
+    def load_device(self) -> EpDeviceRequest | None:
+        """What the worker is asked to find among ONNX Runtime's devices."""
+        return None if self.device is None else ep_device_request(self.device)
+
+
+def device_record(spec: GraphStageSpec, applied: AppliedDevice | None) -> dict[str, Any]:
+    """A graph stage's ``device`` entry of ``execution_plan``: the device admission chose and
+    what the worker applied (the route's provider options are in its ``route`` entry)."""
+    device = spec.device
+    return {
+        "requested": None
+        if device is None
+        else {
+            "physical_id": device.physical_id,
+            "name": device.name,
+            "kind": device.kind.value,
+            "vendor_id": device.vendor_id,
+            "device_id": device.device_id,
+        },
+        "applied": None if applied is None else applied.to_wire(),
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +177,7 @@ class GraphStageDetail:
     arenas: ArenaRecord | None
     usable: bool
     failure: str | None
+    applied_device: AppliedDevice | None = None
 
     def to_json(self) -> dict[str, Any]:
         bundle, route, threads = self.spec.bundle, self.spec.route, self.spec.threads
@@ -155,17 +189,9 @@ class GraphStageDetail:
                 "component": bundle.manifest.component,
             },
             "worker": self.worker.to_json(),
-            "route": {
-                "name": route.name,
-                "interpreter": route.interpreter,
-                "worker": route.worker,
-                "ep": route.ep,
-                "os_domain": route.os_domain,
-                "max_io_bytes": route.max_io_bytes,
-                "min_fraction_on_target": route.min_fraction_on_target,
-                "allowed_providers": list(route.allowed_providers),
-            },
+            "route": route.to_json(),
             "reservation": None if self.reservation is None else self.reservation.to_json(),
+            "device": device_record(self.spec, self.applied_device),
             "placement": None if self.placement is None else self.placement.to_json(),
             "inputs": [spec.to_wire() for spec in self.inputs],
             "outputs": [spec.to_wire() for spec in self.outputs],
@@ -199,8 +225,11 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         generation: int,
         events: EventBus | None = None,
         timeouts: GraphTimeouts | None = None,
+        other_domain: OtherDomain | None = None,
     ) -> None:
         super().__init__(spec.name, ledger, reservation, generation, events)
+        #: Given for a worker behind another domain's launcher; else found from the route.
+        self._other = other_domain
         self.spec = spec
         self.route = spec.route
         self.bundle = spec.bundle
@@ -216,6 +245,8 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         # The retained result's shared buffers, acknowledged when its slot is freed.
         self._result_acks: list[tuple[str, int]] = []
         self.threads = spec.threads
+        # Direct calls read their results themselves while the loop lends them the pipe.
+        self._borrowed: BorrowedReader | None = None
 
     # -- state -----------------------------------------------------------------------
 
@@ -250,12 +281,25 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
 
     def _launch_spec(self) -> LaunchSpec:
         extra = {} if self._tmpdir is None else _temp_variables(self._tmpdir, self.route.os_domain)
-        return worker_launch_spec(self.route, generation=self.generation, extra_env=extra)
+        return worker_launch_spec(
+            self.route, generation=self.generation, extra_env=extra, other=self._other
+        )
+
+    def _worker_path(self, path: Path) -> str:
+        """``path`` as the worker sees it (translated for a worker in the other domain)."""
+        if self._other is None:
+            return str(path)
+        try:
+            return self._other.path(str(path))
+        except ValueError as exc:
+            raise ConfigError(f"{self.name}: the worker cannot reach {path}: {exc}") from None
 
     async def start(self) -> StageRecord:
         """Spawn, handshake, load, warm up and pass the placement gate."""
         self._loop = asyncio.get_running_loop()
-        same_domain = self.route.os_domain == current_os_domain()
+        if self._other is None:
+            self._other = route_other_domain(self.route)
+        same_domain = self._other is None
         if same_domain:
             # Whatever the worker or its libraries leave in TMPDIR goes when it is retired.
             self._tmpdir = Path(tempfile.mkdtemp(prefix=f"{GRAPH_TMPDIR_PREFIX}{self.generation}-"))
@@ -269,7 +313,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         target = self.route.target_provider
         providers = (target, *(p for p in self.route.allowed_providers if p != target))
         load = LoadMessage(
-            manifest_path=str(self.bundle.manifest_path),
+            manifest_path=self._worker_path(self.bundle.manifest_path),
             expected_identity=self.bundle.identity,
             providers=providers,
             allowed_providers=tuple(self.route.allowed_providers),
@@ -280,6 +324,9 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
             intra_op_threads=0 if self.threads is None else self.threads.intra_op_threads,
             allow_spinning=True if self.threads is None else self.threads.allow_spinning,
             binary_headers=BINARY_FEATURE in self.peer_features,
+            device=self.spec.load_device(),
+            provider_options=self.route.provider_options,
+            ep_library=self.route.ep_library,
         )
         # Calls go out with binary headers to a worker that offered them.
         channel.binary_headers = BINARY_FEATURE in self.peer_features
@@ -337,6 +384,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
             arenas=self._arena_record(),
             usable=self.usable,
             failure=None if self._failure is None else str(self._failure),
+            applied_device=None if ready is None else ready.device,
         )
         return StageRecord(stage=self.name, backend=BACKEND_NAME, detail=detail)
 
@@ -496,7 +544,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         log.warning("%s: %s", self.name, error)
 
     def _fail_waiting(self, error: OmniError) -> None:
-        for _, future in self._pending.values():
+        for _, future in list(self._pending.values()):
             if not future.done():
                 future.set_exception(error)
         self._pending.clear()
@@ -516,6 +564,8 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         worker's buffers, valid until :meth:`acknowledge` (or :meth:`cancel`) frees the slot.
         """
         assert self._loop is not None
+        if self._borrowed is not None and self._borrowed.lent:
+            await self._borrowed.take_back(self.timeouts.shutdown_s)
         future: asyncio.Future[Any] = self._loop.create_future()
         assert self._channel is not None
         sent = self._send_call(key, inputs, future, from_loop=self._channel.loop_reading)
@@ -543,22 +593,74 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
     ) -> CallResult:
         """:meth:`call` from a thread other than the loop's, blocking it until the result.
 
-        The call frame is written from the calling thread and the loop, which reads the
-        pipe, hands the result straight to it: no loop task runs for the call. Cancelling
-        the request (from any thread) fails the wait with RequestCancelled, as for
-        :meth:`call`; so does the worker's death with its error."""
+        The call frame is written from the calling thread, and the loop lends it the pipe
+        (:mod:`runtime.backends.borrowed`): the thread reads its result itself, with no loop
+        task and no hop between threads. Cancelling the request (from any thread) fails the
+        wait with RequestCancelled, as for :meth:`call`; so does the worker's death with its
+        error."""
         future: cf.Future[Any] = cf.Future()
-        sent = self._send_call(key, inputs, future, from_loop=False)
-        try:
-            if on_sent is not None:
-                on_sent()
-            result, arrays = future.result()
-        except OmniError:
-            self._call_failed(key)
-            raise
+        borrowed = self._borrowed_reader()
+        with borrowed.lock:
+            # The pipe is lent before the call goes out: its result is this thread's to read.
+            lent = borrowed.borrow()
+            sent = self._send_call(key, inputs, future, from_loop=False)
+            try:
+                if on_sent is not None:
+                    on_sent()
+                if lent:
+                    borrowed.wait(future)
+                result, arrays = future.result()
+            except OmniError:
+                self._call_failed(key)
+                raise
+            finally:
+                borrowed.called()
         # Anything else (KeyboardInterrupt) leaves the call running: the caller cancels the
         # request, which fences the call and retires the worker as for any active call.
         return self._call_result(key, sent, result, arrays)
+
+    def _borrowed_reader(self) -> BorrowedReader:
+        reader = self._borrowed
+        if reader is None:
+            assert self._channel is not None
+            assert self._loop is not None
+            reader = self._borrowed = BorrowedReader(
+                self._channel,
+                self._loop,
+                take=self._take_result,
+                on_frame=self._on_frame_loop,
+                usable=lambda: self.usable and not self._closed,
+            )
+        return reader
+
+    def _take_result(self, frame: Frame) -> bool:
+        """On a thread the pipe is lent to: deliver the result of a direct call waiting for
+        it (True); anything else is the loop's (False)."""
+        if frame.kind != "result":
+            return False
+        channel = self._channel
+        assert channel is not None
+        try:
+            message = decode_message(frame, WORKER_TO_CONTROLLER)
+        except ValueError:
+            return False
+        if not isinstance(message, ResultMessage):
+            return False
+        entry = self._pending.get(message.call_id)
+        if entry is None or entry[0].epoch != message.epoch or isinstance(entry[1], asyncio.Future):
+            return False
+        try:
+            arrays, acks = channel.arrays_from_frame(frame, message.output_names, copy=False)
+        except (ValueError, ExecutionError):
+            return False
+        self._pending.pop(message.call_id, None)
+        future = entry[1]
+        if future.done():
+            self._send_acks(acks)
+            return True
+        self._result_acks = acks
+        future.set_result((message, arrays))
+        return True
 
     def _send_call(
         self,
@@ -708,8 +810,19 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
             cleanup,
         )
 
+    async def close(self) -> None:
+        """As for any worker; the loop takes the pipe back first (the bye arrives on it)."""
+        borrowed = self._borrowed
+        if borrowed is not None:
+            await borrowed.take_back(self.timeouts.shutdown_s)
+        try:
+            await super().close()
+        finally:
+            if borrowed is not None:
+                borrowed.close()
+
     def _close_waiting(self) -> None:
-        for _, future in self._pending.values():
+        for _, future in list(self._pending.values()):
             if not future.done():
                 future.set_exception(StageRetired(f"{self.name} was closed"))
         self._pending.clear()
@@ -727,7 +840,7 @@ _VERIFICATION_CODES = frozenset(
         "bad_example_inputs",
     }
 )
-_PLACEMENT_CODES = frozenset({"provider_absent", "placement_unavailable"})
+_PLACEMENT_CODES = frozenset({"provider_absent", "device_absent", "placement_unavailable"})
 
 
 def worker_error(stage: str, code: str, message: str, *, cpu_allowed: bool) -> OmniError:

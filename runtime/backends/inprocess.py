@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 
     from runtime.backends.graph import GraphStageSpec
     from runtime.contracts import RequestKey
+    from runtime.contracts.ep_device import AppliedDevice
     from runtime.contracts.messages import TensorSpec
     from runtime.errors import OmniError
     from runtime.events import EventBus
@@ -91,6 +92,7 @@ class InProcessGraphClient:
         self._buckets: tuple[Bucket, ...] = ()
         #: Seconds to load and to warm up, once started.
         self._load_s: float | None = None
+        self._applied_device: AppliedDevice | None = None
         self._warmup_s: float | None = None
         self._runner: CancellableRunner | None = None
         self._placement: PlacementReport | None = None
@@ -169,6 +171,9 @@ class InProcessGraphClient:
                     max_io_bytes=route.max_io_bytes,
                     intra_op_threads=0 if threads is None else threads.intra_op_threads,
                     allow_spinning=True if threads is None else threads.allow_spinning,
+                    device=self.spec.load_device(),
+                    provider_options=route.provider_options,
+                    ep_library=route.ep_library,
                 ),
             )
         except WorkerError as exc:
@@ -194,6 +199,7 @@ class InProcessGraphClient:
         )
         self._buckets = opened.buckets
         self._load_s, self._warmup_s = opened.load_s, opened.warmup_s
+        self._applied_device = opened.device
         # The runner holds the session; dropping it at retirement frees the model's memory.
         self._runner = CancellableRunner(opened.session, name=f"{self.name}-call")
         return self.record()
@@ -217,6 +223,7 @@ class InProcessGraphClient:
             arenas=None,
             usable=self.usable,
             failure=None if self._failure is None else str(self._failure),
+            applied_device=self._applied_device,
         )
         return StageRecord(stage=self.name, backend=BACKEND_NAME, detail=detail)
 

@@ -44,6 +44,7 @@ from runtime.backends.base import (
 from runtime.backends.llm import RequestDeltaStream, check_admission
 from runtime.backends.worker_client import WorkerStageClient, worker_launch_spec
 from runtime.contracts import FrameLimits, RequestKey
+from runtime.contracts.devices import vram_constraint
 from runtime.contracts.llm_messages import (
     LLM_WORKER_TO_CONTROLLER,
     AbortMessage,
@@ -118,6 +119,14 @@ def pinning_env(ep: str, device_id: str | None) -> dict[str, str]:
     if ep == "cuda" and device_id is not None and device_id.startswith("GPU-"):
         return {"CUDA_VISIBLE_DEVICES": device_id}
     return {}
+
+
+def engine_memory_constraint(ep: str, device_id: str | None) -> str:
+    """The ledger constraint an engine's weights and KV cache live in: the GPU's own memory
+    (``machine:vram:<id>``) for a CUDA engine, the machine's RAM otherwise."""
+    if ep == "cuda" and device_id:
+        return vram_constraint(device_id)
+    return DEFAULT_MEMORY_CONSTRAINT
 
 
 @dataclass(frozen=True, slots=True)

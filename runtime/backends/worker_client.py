@@ -10,6 +10,8 @@ A subclass says what waits on its worker and what its retired worker leaves to r
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, BinaryIO, ClassVar, Generic, Protocol, TypeVar, cast
 
@@ -19,19 +21,32 @@ from runtime.contracts.messages import HelloMessage, ShutdownMessage
 from runtime.errors import ExecutionError, WorkerDied
 from runtime.events import WorkerRetired
 from runtime.host import (
+    BUILTIN_WORKERS,
     LaunchSpec,
+    ProcessIdentity,
+    RouteError,
+    current_os_domain,
     default_project_root,
     is_frozen,
+    is_wsl,
     resolve_interpreter,
     worker_argv,
     worker_environment,
+)
+from runtime.host.crossdomain import (
+    OtherDomain,
+    crossing_environment,
+    end_announced_tree,
+    identity_confirmed,
+    is_absolute_in,
+    other_domain_for,
 )
 from runtime.transport.channel import (
     ChannelClosed,
     FramedChannel,
     ProtocolError,
 )
-from runtime.transport.handshake import expect_hello
+from runtime.transport.handshake import HandshakeError, expect_hello
 from runtime.transport.stdio import loop_reading_supported, start_reader_thread
 
 if TYPE_CHECKING:
@@ -43,7 +58,7 @@ if TYPE_CHECKING:
     from runtime.contracts.codec import Frame
     from runtime.errors import OmniError
     from runtime.events import EventBus
-    from runtime.host import ProcessIdentity, RetireOutcome, WorkerProcess
+    from runtime.host import RetireOutcome, WorkerProcess
     from runtime.ledger import ResourceLedger, StageReservation
 
 __all__ = ["WorkerRoute", "WorkerStageClient", "WorkerTimeouts", "worker_launch_spec"]
@@ -87,8 +102,13 @@ def worker_launch_spec(
     generation: int,
     extra_env: Mapping[str, str],
     env_dir: Path | None = None,
+    other: OtherDomain | None = None,
 ) -> LaunchSpec:
-    """The worker's argv and environment: the route's, plus ``extra_env``."""
+    """The worker's argv and environment: the route's, plus ``extra_env``. With ``other``
+    (a route into the other OS domain) the argv starts it there and the environment crosses
+    as ``WSLENV`` lists it (see :mod:`runtime.host.crossdomain`)."""
+    if other is not None:
+        return _crossing_launch_spec(route, other, generation=generation, extra_env=extra_env)
     frozen = is_frozen()
     interpreter = resolve_interpreter(
         route.interpreter, frozen=frozen, env_dir=env_dir, os_domain=route.os_domain
@@ -98,6 +118,53 @@ def worker_launch_spec(
     extra.update(extra_env)
     env = worker_environment(extra, generation=generation, project_root=default_project_root())
     return LaunchSpec(argv=argv, env=env, cwd=None, os_domain=route.os_domain)
+
+
+def route_other_domain(route: WorkerRoute) -> OtherDomain | None:
+    """The other OS domain ``route``'s worker runs in, None for this one (RouteError if it
+    cannot be reached as configured)."""
+    try:
+        return other_domain_for(
+            route.os_domain,
+            controller_domain=current_os_domain(),
+            wsl=is_wsl(),
+            environ=os.environ,
+            route_env=route.env,
+        )
+    except ValueError as exc:
+        raise RouteError(str(exc), key="os_domain") from None
+
+
+_PYTHON_EXAMPLES = {"windows": "C:\\Python311\\python.exe", "posix": "/usr/bin/python3"}
+
+
+def _crossing_launch_spec(
+    route: WorkerRoute, other: OtherDomain, *, generation: int, extra_env: Mapping[str, str]
+) -> LaunchSpec:
+    domain = other.worker_domain
+    if not is_absolute_in(domain, route.interpreter):
+        example = _PYTHON_EXAMPLES[domain]
+        raise RouteError(
+            f"interpreter {route.interpreter!r} of a route into the {domain} domain must be "
+            f"the absolute path of a Python there (e.g. {example})",
+            key="interpreter",
+        )
+    if route.worker in BUILTIN_WORKERS:
+        args: list[str] = ["-m", BUILTIN_WORKERS[route.worker]]
+    else:
+        try:
+            args = [other.path(route.worker)]
+        except ValueError as exc:
+            raise RouteError(str(exc), key="worker") from None
+    extra = dict(route.env)
+    extra.update(extra_env)
+    env = worker_environment(extra, generation=generation, project_root=default_project_root())
+    return LaunchSpec(
+        argv=tuple(other.command(route.interpreter, args)),
+        env=crossing_environment(env, inherited=os.environ),
+        cwd=None,
+        os_domain=domain,
+    )
 
 
 class WorkerStageClient(ABC, Generic[ReadyT]):
@@ -135,6 +202,10 @@ class WorkerStageClient(ABC, Generic[ReadyT]):
         self._retire_task: asyncio.Task[RetireOutcome | None] | None = None
         self._hello: HelloMessage | None = None
         self._closed = False
+        #: The other OS domain the worker runs in (None: this one), and the worker's identity
+        #: there as its hello announced it and that domain confirmed.
+        self._other: OtherDomain | None = None
+        self._announced: ProcessIdentity | None = None
 
     # -- what a subclass adds ----------------------------------------------------------
 
@@ -184,6 +255,12 @@ class WorkerStageClient(ABC, Generic[ReadyT]):
     def pid(self) -> int | None:
         return None if self._worker is None else self._worker.pid
 
+    @property
+    def announced_identity(self) -> ProcessIdentity | None:
+        """A worker in the other OS domain: its identity there, as announced and confirmed
+        (the pid the controller started is its launcher's)."""
+        return self._announced
+
     def _worker_record(self, launch_spec: Callable[[], LaunchSpec]) -> WorkerRecord:
         """The ``worker`` entry of the stage's record."""
         argv = () if self._worker is None else tuple(launch_spec().argv)
@@ -226,18 +303,32 @@ class WorkerStageClient(ABC, Generic[ReadyT]):
         assert loop is not None
         assert channel is not None
         assert worker is not None
+        other = self._other
         try:
             self._hello = await loop.run_in_executor(
                 None,
                 lambda: expect_hello(
                     channel,
+                    # Across domains the controller started a launcher, not the worker.
                     expected_generation=self.generation,
-                    expected_pid=worker.pid,
+                    expected_pid=worker.pid if other is None else None,
                     timeout_s=self.timeouts.hello_s,
                 ),
             )
         except ChannelClosed as exc:
             raise self._died("exited before its handshake") from exc
+        if other is not None:
+            announced = ProcessIdentity(self._hello.pid, self._hello.create_time)
+            confirmed = await loop.run_in_executor(None, identity_confirmed, other, announced)
+            if not confirmed:
+                raise HandshakeError(
+                    f"worker {self._hello.worker} announced pid {announced.pid} created at "
+                    f"{announced.create_time:.3f}, which the {other.worker_domain} domain does "
+                    "not show",
+                    code="wrong_pid",
+                    channel=channel.name,
+                )
+            self._announced = announced
         self._load_future = loop.create_future()
         if loop_reading_supported(channel):
             # POSIX: the loop itself watches the pipe; no reader thread, no hop.
@@ -315,7 +406,24 @@ class WorkerStageClient(ABC, Generic[ReadyT]):
         if worker is not None:
             loop = asyncio.get_running_loop()
             self._before_retire(worker)
+            remote = None
+            if self._other is not None and self._announced is not None:
+                # The worker's native tree goes first, confirmed by its identity; then the
+                # launcher, which would otherwise leave that tree running.
+                other, announced = self._other, self._announced
+                remote = await loop.run_in_executor(
+                    None,
+                    lambda: end_announced_tree(other, announced, deadline_s=deadline_s / 2),
+                )
             outcome = await loop.run_in_executor(None, worker.retire, deadline_s)
+            if remote is not None and not remote.confirmed_gone:
+                outcome = dataclasses.replace(
+                    outcome,
+                    verified=False,
+                    confirmed_gone=False,
+                    pid=remote.pid,
+                    detail=remote.detail,
+                )
         if self._channel is not None:
             self._channel.close()
         await self._after_retire(outcome)

@@ -30,6 +30,7 @@ EP_PROVIDERS: Mapping[str, str] = MappingProxyType(
         "tensorrt": "TensorrtExecutionProvider",
         "rocm": "ROCMExecutionProvider",
         "migraphx": "MIGraphXExecutionProvider",
+        "webgpu": "WebGpuExecutionProvider",
     }
 )
 OS_DOMAINS = ("posix", "windows")
@@ -42,6 +43,10 @@ GRAPH_BACKEND: Final = "external.graph.v1"
 GRAPH_WORKERS = ("ort", "inprocess")
 
 _PROVIDER_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]*ExecutionProvider$")
+_OPTION_KEY_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.]*$")
+_WINDOWS_ABSOLUTE_RE = re.compile(r"^[A-Za-z]:[\\/]")
+#: Provider options whose value is a device index: an integer >= 0.
+_INDEX_OPTIONS = frozenset({"device_id"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +67,11 @@ class RouteConfig:
     min_fraction_on_target: float = 1.0
     allowed_providers: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    #: Options of the target provider (CUDA and DirectML ``device_id``, QNN ``backend_path``,
+    #: VitisAI ``config_file``, OpenVINO ``device_type``...), as ONNX Runtime takes them.
+    provider_options: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    #: A plugin execution-provider library the worker registers before creating the session.
+    ep_library: str | None = None
 
     def __post_init__(self) -> None:
         if self.ep not in EP_PROVIDERS:
@@ -78,6 +88,21 @@ class RouteConfig:
         """ONNX Runtime's name for this route's execution provider."""
         return EP_PROVIDERS[self.ep]
 
+    def to_json(self) -> dict[str, object]:
+        """The route as ``plan`` and ``execution_plan`` show it (``env`` left out)."""
+        return {
+            "name": self.name,
+            "interpreter": self.interpreter,
+            "worker": self.worker,
+            "ep": self.ep,
+            "os_domain": self.os_domain,
+            "max_io_bytes": self.max_io_bytes,
+            "min_fraction_on_target": self.min_fraction_on_target,
+            "allowed_providers": list(self.allowed_providers),
+            "provider_options": dict(self.provider_options),
+            "ep_library": self.ep_library,
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class GraphBackendConfig:
@@ -90,7 +115,13 @@ class GraphBackendConfig:
 
 
 _ROUTE_REQUIRED = ("name", "interpreter", "worker", "ep", "os_domain", "max_io_bytes")
-_ROUTE_OPTIONAL = ("min_fraction_on_target", "allowed_providers", "env")
+_ROUTE_OPTIONAL = (
+    "min_fraction_on_target",
+    "allowed_providers",
+    "env",
+    "provider_options",
+    "ep_library",
+)
 
 
 def parse_route(
@@ -116,6 +147,12 @@ def parse_route(
     env: Mapping[str, str] = MappingProxyType({})
     if "env" in fields:
         env = parse_env(reader, fields["env"])
+    options: Mapping[str, str] = MappingProxyType({})
+    if "provider_options" in fields:
+        options = _parse_provider_options(reader, fields["provider_options"], target)
+    ep_library = None
+    if "ep_library" in fields:
+        ep_library = _parse_ep_library(reader, fields["ep_library"])
     return RouteConfig(
         name=name,
         interpreter=interpreter,
@@ -126,7 +163,51 @@ def parse_route(
         min_fraction_on_target=fraction,
         allowed_providers=providers,
         env=env,
+        provider_options=options,
+        ep_library=ep_library,
     )
+
+
+def _parse_provider_options(
+    reader: ConfigReader, item: ConfigItem, target: str
+) -> Mapping[str, str]:
+    expected = (
+        f"a mapping of {target} option names to string or integer values, "
+        "e.g. {device_id: 0} or {device_type: NPU}"
+    )
+    options: dict[str, str] = {}
+    for name, entry in reader.entries(item, expected=expected).items():
+        if not _OPTION_KEY_RE.match(name):
+            reader.reject(
+                entry,
+                f"{name!r} is not a provider option name (letters, digits, '_' and '.', "
+                "starting with a letter)",
+            )
+        value = reader.scalar(entry, "a string or an integer")
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            reader.reject(
+                entry,
+                f"expected a string or an integer (quote other values); found {describe(value)}",
+            )
+        if name in _INDEX_OPTIONS and not str(value).isdigit():
+            reader.reject(
+                entry, f"{name} {value!r} is not a device index; expected an integer >= 0"
+            )
+        options[name] = str(value)
+    return MappingProxyType(options)
+
+
+def _parse_ep_library(reader: ConfigReader, item: ConfigItem) -> str:
+    expected = (
+        "the absolute path of a plugin execution-provider library as the worker sees it "
+        "(a .so, .dll or .dylib file)"
+    )
+    text = reader.string(item, expected=expected)
+    if not (text.startswith("/") or _WINDOWS_ABSOLUTE_RE.match(text)):
+        reader.reject(item, f"{text!r} is not an absolute path; expected {expected}")
+    if not text.lower().endswith((".so", ".dll", ".dylib")) and ".so." not in text:
+        reader.reject(item, f"{text!r} is not a shared library; expected {expected}")
+    return text
 
 
 def parse_interpreter(reader: ConfigReader, item: ConfigItem) -> str:

@@ -17,6 +17,7 @@ MACHINE_RAM = "machine:ram"
 WSL_QUOTA = "wsl:quota"
 VRAM_PREFIX = "machine:vram:"
 
+_MAX_ID = 0xFFFFFFFF
 _CONSTRAINT_RE = re.compile(r"^[a-z][a-z0-9_-]*(:[A-Za-z0-9_.\-]+)+$")
 
 
@@ -56,7 +57,12 @@ class Integration(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class DeviceDescriptor:
-    """One physical device. Optional relationships are ``None`` when not observed."""
+    """One physical device. Optional relationships are ``None`` when not observed.
+
+    ``vendor_id`` and ``device_id`` are the hardware ids ONNX Runtime reports for the device
+    (the PCI ids on PCI hardware) and ``pci_bus_id`` its PCI address (``0000:01:00.0``); a
+    graph worker matches its execution-provider device on them. ``None`` when unknown.
+    """
 
     physical_id: str
     kind: DeviceKind
@@ -68,6 +74,9 @@ class DeviceDescriptor:
     package: str | None = None
     bandwidth_group: str | None = None
     power_domain: str | None = None
+    vendor_id: int | None = None
+    device_id: int | None = None
+    pci_bus_id: str | None = None
 
     def __post_init__(self) -> None:
         if not self.physical_id:
@@ -77,3 +86,11 @@ class DeviceDescriptor:
         for name in self.memory_constraints:
             if not is_constraint_name(name):
                 raise ValueError(f"device {self.physical_id}: bad constraint name {name!r}")
+        for label, value in (("vendor_id", self.vendor_id), ("device_id", self.device_id)):
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _MAX_ID
+            ):
+                raise ValueError(
+                    f"device {self.physical_id}: {label} {value!r} is not an integer in "
+                    f"[0, {_MAX_ID:#x}]"
+                )

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, Self, cast
 
 from .buffers import DescriptorError, DType
+from .ep_device import AppliedDevice, EpDeviceError, EpDeviceRequest, check_options
 from .versions import KNOWN_FEATURES, Negotiated, negotiate
 
 if TYPE_CHECKING:
@@ -158,7 +159,7 @@ def _field_names(cls: type) -> tuple[tuple[str, ...], frozenset[str]]:
 def _to_wire(value: object) -> object:
     if isinstance(value, tuple):
         return [_to_wire(item) for item in value]
-    if isinstance(value, TensorSpec):
+    if isinstance(value, TensorSpec | EpDeviceRequest | AppliedDevice):
         return value.to_wire()
     if isinstance(value, Mapping):
         return dict(value)
@@ -239,11 +240,24 @@ class LoadMessage(Message):
     allow_spinning: bool = True
     #: The controller reads binary headers: the worker may send its results with them.
     binary_headers: bool = False
+    #: The hardware device the stage was admitted on (None: ONNX Runtime's default device),
+    #: the route's options for the target provider, and a plugin library providing it.
+    device: EpDeviceRequest | None = None
+    provider_options: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    ep_library: str | None = None
 
     def __post_init__(self) -> None:
         kind = self.KIND
         _check_str(kind, "manifest_path", self.manifest_path)
         _check_bool(kind, "binary_headers", self.binary_headers)
+        try:
+            if self.device is not None:
+                _set(self, "device", EpDeviceRequest.from_wire(self.device, f"{kind}.device"))
+            _set(self, "provider_options", check_options(kind, self.provider_options))
+        except EpDeviceError as exc:
+            raise MessageError("bad_field", str(exc)) from None
+        if self.ep_library is not None:
+            _check_str(kind, "ep_library", self.ep_library)
         _check_int(kind, "intra_op_threads", self.intra_op_threads)
         _check_bool(kind, "allow_spinning", self.allow_spinning)
         _check_str(kind, "expected_identity", self.expected_identity)
@@ -413,6 +427,8 @@ class ReadyMessage(Message):
     max_input_bytes: int = 0
     #: The name of the worker's output arena (None without one).
     arena_name: str | None = None
+    #: The execution-provider device and the options the session was created with.
+    device: AppliedDevice | None = None
 
     def __post_init__(self) -> None:
         kind = self.KIND
@@ -449,6 +465,11 @@ class ReadyMessage(Message):
         _check_int(kind, "max_input_bytes", self.max_input_bytes)
         if self.arena_name is not None:
             _check_str(kind, "arena_name", self.arena_name)
+        if self.device is not None:
+            try:
+                _set(self, "device", AppliedDevice.from_wire(self.device, f"{kind}.device"))
+            except EpDeviceError as exc:
+                raise MessageError("bad_field", str(exc)) from None
 
 
 @dataclass(frozen=True, slots=True)

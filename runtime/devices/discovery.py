@@ -7,7 +7,9 @@ one pure function, ``assemble_topology``, turns them into a Topology. Sources:
   host-memory allocation charges both ``machine:ram`` and ``wsl:quota``; the Windows host's
   own RAM is not visible from inside, so ``machine:ram`` shows the same numbers there.
 * NVIDIA GPUs through NVML (PyPI ``nvidia-ml-py``, module ``pynvml``): without the module or
-  the driver no GPU is listed and nothing fails. A GPU's id is its NVML UUID, which Windows
+  the driver no GPU is listed and nothing fails. A GPU NVML lists offers
+  ``CUDAExecutionProvider`` (the workers' CUDA environments reach it), whatever this
+  process's own ONNX Runtime build has. A GPU's id is its NVML UUID, which Windows
   and WSL report alike, so both views of one GPU merge into one device.
 * ONNX Runtime: ``get_ep_devices()`` (ORT >= 1.22) names the hardware each execution
   provider can use. A provider that ``get_available_providers()`` lists is not proof of a
@@ -37,6 +39,7 @@ from runtime.contracts.devices import (
     ExecutionDomain,
     vram_constraint,
 )
+from runtime.contracts.ep_device import luid_id, normalize_pci_bus_id
 from runtime.devices import dxgi
 from runtime.devices.topology import (
     DISCOVERED,
@@ -62,9 +65,6 @@ _DXGI_PROVIDERS = frozenset({"DmlExecutionProvider"})
 _NOT_DEVICES = frozenset({"AzureExecutionProvider"})
 
 _KIND_ORDER = {DeviceKind.CPU: 0, DeviceKind.IGPU: 1, DeviceKind.NPU: 2, DeviceKind.DGPU: 3}
-_PCI_BUS_RE = re.compile(
-    r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$"
-)
 _MB_RE = re.compile(r"^\s*(\d+)\s*MB\s*$")
 
 
@@ -176,15 +176,6 @@ def cpu_physical_id(name: str) -> str:
     cleaned = re.sub(r"\((R|TM|C)\)", "", name, flags=re.IGNORECASE)
     slug = re.sub(r"[^A-Za-z0-9.]+", "-", cleaned).strip("-.")
     return f"CPU-{slug or 'unknown'}"
-
-
-def normalize_pci_bus_id(bus_id: str) -> str | None:
-    """``00000000:01:00.0`` and ``0000:01:00.0`` both become ``0000:01:00.0``."""
-    match = _PCI_BUS_RE.match(bus_id.strip())
-    if match is None:
-        return None
-    domain, bus, device, function = match.groups()
-    return f"{int(domain or '0', 16):04x}:{int(bus, 16):02x}:{int(device, 16):02x}.{function}"
 
 
 def _text(value: object) -> str:
@@ -345,6 +336,8 @@ def assemble_topology(inputs: DiscoveryInputs) -> Topology:
         seen_providers.add(record.ep_name)
         if record.device_type == "cpu":
             cpu.add_provider(record.ep_name)
+            if cpu.vendor_id is None:
+                cpu.vendor_id, cpu.device_id = record.vendor_id, record.device_id
             continue
         target = _match_ep_device(record, found)
         if target is None:
@@ -364,6 +357,12 @@ def assemble_topology(inputs: DiscoveryInputs) -> Topology:
         for target in targets:
             target.add_provider(provider)
 
+    for device in nvml_devices:
+        # NVML saw the GPU through the NVIDIA driver: CUDA reaches it from the workers'
+        # environments (ort-cuda, vllm-cuda) even where this process's ONNX Runtime has no
+        # CUDA provider; the worker's own ONNX Runtime is checked when the stage loads.
+        device.add_provider("CUDAExecutionProvider")
+
     found.sort(key=lambda device: _KIND_ORDER[device.kind])
     descriptors: list[DeviceDescriptor] = [
         make_descriptor(
@@ -372,6 +371,9 @@ def assemble_topology(inputs: DiscoveryInputs) -> Topology:
             name=device.name,
             domain=inputs.domain,
             providers=device.providers,
+            vendor_id=device.vendor_id,
+            device_id=device.device_id,
+            pci_bus_id=device.pci_bus_id,
         )
         for device in found
     ]
@@ -399,21 +401,13 @@ def _unique(candidates: Iterable[_Found]) -> _Found | None:
     return matches[0] if len(matches) == 1 else None
 
 
-def _luid_id(value: str) -> str | None:
-    try:
-        number = int(value, 0)
-    except ValueError:
-        return None
-    return f"LUID-{(number >> 32) & 0xFFFFFFFF:08X}-{number & 0xFFFFFFFF:08X}"
-
-
 def _match_ep_device(record: EpDeviceRecord, found: list[_Found]) -> _Found | None:
     """The already-found device an ORT hardware device is: by LUID, PCI bus, then PCI ids."""
     wanted_kinds = (
         {DeviceKind.NPU} if record.device_type == "npu" else {DeviceKind.IGPU, DeviceKind.DGPU}
     )
     candidates = [device for device in found if device.kind in wanted_kinds]
-    luid = _luid_id(record.metadata.get("LUID", ""))
+    luid = luid_id(record.metadata.get("LUID", ""))
     if luid is not None:
         by_luid = _unique(device for device in candidates if device.luid == luid)
         if by_luid is not None:
@@ -432,7 +426,7 @@ def _match_ep_device(record: EpDeviceRecord, found: list[_Found]) -> _Found | No
 
 def _device_from_ep_record(record: EpDeviceRecord) -> _Found:
     """A device only ONNX Runtime reported (an NPU, or a GPU no other source saw)."""
-    luid = _luid_id(record.metadata.get("LUID", ""))
+    luid = luid_id(record.metadata.get("LUID", ""))
     bus = normalize_pci_bus_id(record.metadata.get("pci_bus_id", ""))
     physical_id = luid or (f"PCI-{bus}" if bus else None)
     if physical_id is None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING
 import platformdirs
 
 from runtime.contracts.devices import DeviceDescriptor, DeviceKind, ExecutionDomain
+from runtime.contracts.ep_device import EpDeviceRequest, normalize_pci_bus_id
 from runtime.devices.topology import DISCOVERED
 from runtime.errors import ConfigError, DeviceExcluded, UsageError
 
@@ -295,3 +297,26 @@ def _device_list(devices: Iterable[DeviceDescriptor]) -> str:
         for device in devices
     ]
     return "; ".join(listed) or "none"
+
+
+_LUID_RE = re.compile(r"^LUID-[0-9A-F]{8}-[0-9A-F]{8}$")
+#: ONNX Runtime's hardware device type for each device kind.
+_EP_DEVICE_TYPES: Mapping[DeviceKind, str] = MappingProxyType(
+    {DeviceKind.CPU: "cpu", DeviceKind.IGPU: "gpu", DeviceKind.DGPU: "gpu", DeviceKind.NPU: "npu"}
+)
+
+
+def ep_device_request(device: DeviceDescriptor) -> EpDeviceRequest:
+    """What a graph worker is asked to find among ONNX Runtime's devices for ``device``."""
+    bus = device.pci_bus_id
+    if bus is None and device.physical_id.startswith("PCI-"):
+        bus = normalize_pci_bus_id(device.physical_id[len("PCI-") :])
+    luid = device.physical_id if _LUID_RE.match(device.physical_id) else None
+    return EpDeviceRequest(
+        physical_id=device.physical_id,
+        type=_EP_DEVICE_TYPES[device.kind],
+        vendor_id=device.vendor_id,
+        device_id=device.device_id,
+        pci_bus_id=bus,
+        luid=luid,
+    )

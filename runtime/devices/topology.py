@@ -32,6 +32,7 @@ from runtime.contracts.devices import (
     is_constraint_name,
     vram_constraint,
 )
+from runtime.contracts.ep_device import normalize_pci_bus_id
 from runtime.devices._yaml import Located, compose_file
 from runtime.errors import UsageError
 
@@ -142,6 +143,9 @@ def make_descriptor(
     package: str | None = None,
     bandwidth_group: str | None = None,
     power_domain: str | None = None,
+    vendor_id: int | None = None,
+    device_id: int | None = None,
+    pci_bus_id: str | None = None,
 ) -> DeviceDescriptor:
     """A descriptor whose integration and memory constraints follow from kind and domain."""
     check_physical_id(physical_id)
@@ -156,6 +160,9 @@ def make_descriptor(
         package=package,
         bandwidth_group=bandwidth_group,
         power_domain=power_domain,
+        vendor_id=vendor_id,
+        device_id=device_id,
+        pci_bus_id=pci_bus_id,
     )
 
 
@@ -193,6 +200,9 @@ def merge_same_physical(devices: Iterable[DeviceDescriptor]) -> MergedDevices:
             package=known.package or device.package,
             bandwidth_group=known.bandwidth_group or device.bandwidth_group,
             power_domain=known.power_domain or device.power_domain,
+            vendor_id=known.vendor_id if known.vendor_id is not None else device.vendor_id,
+            device_id=known.device_id if known.device_id is not None else device.device_id,
+            pci_bus_id=known.pci_bus_id or device.pci_bus_id,
         )
         if device.execution_domain not in domains[device.physical_id]:
             domains[device.physical_id].append(device.execution_domain)
@@ -290,6 +300,9 @@ class Topology:
             "package": device.package,
             "bandwidth_group": device.bandwidth_group,
             "power_domain": device.power_domain,
+            "vendor_id": device.vendor_id,
+            "device_id": device.device_id,
+            "pci_bus_id": device.pci_bus_id,
         }
 
     def to_table(self) -> str:
@@ -403,7 +416,19 @@ def _constraint_order(names: Iterable[str]) -> list[str]:
 
 _TOP_KEYS = frozenset({"version", "name", "description", "devices", "memory"})
 _DEVICE_KEYS = frozenset(
-    {"id", "kind", "name", "domains", "providers", "package", "bandwidth_group", "power_domain"}
+    {
+        "id",
+        "kind",
+        "name",
+        "domains",
+        "providers",
+        "package",
+        "bandwidth_group",
+        "power_domain",
+        "vendor_id",
+        "device_id",
+        "pci_bus_id",
+    }
 )
 _MEMORY_KEYS = frozenset({"capacity", "observed_free"})
 
@@ -536,8 +561,38 @@ def _read_device(item: Located) -> tuple[DeviceDescriptor, tuple[ExecutionDomain
         package=optional["package"],
         bandwidth_group=optional["bandwidth_group"],
         power_domain=optional["power_domain"],
+        vendor_id=_hardware_id(keys, "vendor_id"),
+        device_id=_hardware_id(keys, "device_id"),
+        pci_bus_id=_pci_bus(keys),
     )
     return device, tuple(domains)
+
+
+def _pci_bus(keys: dict[str, Located]) -> str | None:
+    """An optional ``pci_bus_id``: a PCI address, kept in its normal form."""
+    if "pci_bus_id" not in keys or keys["pci_bus_id"].is_null():
+        return None
+    text = keys["pci_bus_id"].string()
+    bus = normalize_pci_bus_id(text)
+    if bus is None:
+        keys["pci_bus_id"].fail(
+            f"pci_bus_id {text!r} is not a PCI address; accepted: domain:bus:device.function "
+            "in hex, e.g. '0000:01:00.0' (quoted)"
+        )
+    return bus
+
+
+def _hardware_id(keys: dict[str, Located], key: str) -> int | None:
+    """An optional ``vendor_id`` / ``device_id``: an integer (0x10DE and 4318 alike)."""
+    if key not in keys or keys[key].is_null():
+        return None
+    value = keys[key].scalar()
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 0xFFFFFFFF:
+        keys[key].fail(
+            f"{key} {value!r} is not a hardware id; accepted: an integer in [0, 0xFFFFFFFF], "
+            "e.g. 0x10DE"
+        )
+    return value
 
 
 def _read_memory(entry: Located) -> tuple[int, int | None]:
@@ -580,7 +635,14 @@ def topology_document(topology: Topology) -> dict[str, Any]:
         }
         if device.providers:
             entry["providers"] = list(device.providers)
-        for key in ("package", "bandwidth_group", "power_domain"):
+        for key in (
+            "package",
+            "bandwidth_group",
+            "power_domain",
+            "vendor_id",
+            "device_id",
+            "pci_bus_id",
+        ):
             value = getattr(device, key)
             if value is not None:
                 entry[key] = value

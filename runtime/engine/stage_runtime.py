@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from runtime.artifacts import VerifiedBundle, verify_bundle
+from runtime.artifacts import verify_bundle
 from runtime.backends.graph import GraphStageClient, GraphStageSpec, GraphTimeouts
 from runtime.backends.inprocess import INPROCESS_WORKER, InProcessGraphClient
 from runtime.backends.threads import plan_threads
@@ -33,6 +33,7 @@ from runtime.backends.vllm_client import (
     VllmStageSpec,
     VllmTimeouts,
     engine_floor_bytes,
+    engine_memory_constraint,
     pinning_env,
 )
 from runtime.config import (
@@ -54,7 +55,13 @@ from runtime.engine.stages import GraphStage, LlmStage, StageHandle
 from runtime.envs.manager import envs_root
 from runtime.errors import ConfigError, ExecutionError, OmniError, UsageError
 from runtime.events import EventBus, StageReady, StageStarting
-from runtime.host import RouteError, is_frozen, resolve_interpreter, worker_argv
+from runtime.host import (
+    RouteError,
+    current_os_domain,
+    is_frozen,
+    resolve_interpreter,
+    worker_argv,
+)
 from runtime.models.marker import ModelBuildError
 from runtime.models.smollm2 import ensure_smollm2_model
 from runtime.models.tiny_llm import ensure_tiny_model
@@ -62,8 +69,10 @@ from runtime.models.tiny_llm import ensure_tiny_model
 if TYPE_CHECKING:
     from collections.abc import Collection
 
+    from runtime.artifacts import VerifiedBundle
     from runtime.backends.base import GraphClient, LlmClient, StageClient
     from runtime.config import PipelineConfig, StageConfig
+    from runtime.contracts.devices import DeviceDescriptor
     from runtime.ledger import PlanReservation, ResourceLedger, StageReservation
 
 log = logging.getLogger("omni.engine.runtime")
@@ -96,6 +105,8 @@ class _LocalLlm:
 
     python: Path
     device_id: str
+    #: The ledger constraint its weights and KV cache live in (RAM, or the GPU's memory).
+    memory: str = DEFAULT_MEMORY_CONSTRAINT
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +116,15 @@ class _RemoteLlm:
     api_key: str | None = field(default=None, repr=False)
 
 
-_Resolved = VerifiedBundle | _LocalLlm | _RemoteLlm
+@dataclass(frozen=True, slots=True)
+class _Graph:
+    """A graph stage as resolved: its verified bundle and the device admission chose."""
+
+    bundle: VerifiedBundle
+    device: DeviceDescriptor
+
+
+_Resolved = _Graph | _LocalLlm | _RemoteLlm
 
 
 class StageRuntime:
@@ -167,7 +186,7 @@ class StageRuntime:
                 continue
             topology, selection = self._machine()
             route = backend.route
-            check_route_device(
+            device = check_route_device(
                 topology,
                 selection,
                 ep=route.ep,
@@ -176,7 +195,7 @@ class StageRuntime:
                 os_domain=route.os_domain,
                 route=route.name,
             )
-            resolved.append(verify_bundle(backend.manifest))
+            resolved.append(_Graph(verify_bundle(backend.manifest), device))
         return resolved
 
     def _resolve_llm(self, stage: StageConfig, backend: LlmBackendConfig) -> _Resolved:
@@ -210,6 +229,14 @@ class StageRuntime:
                     **self._where(stage, "backend.route.api_key_env"),
                 )
             return _RemoteLlm(api_key=api_key)
+        here = current_os_domain()
+        if route.os_domain != here:
+            raise RouteError(
+                f"{stage.name}: route {route.name} has os_domain {route.os_domain!r}, but a "
+                f"language-model worker runs in the controller's own domain ({here!r}); "
+                f"accepted: os_domain: {here} (graph stages may cross between Windows and WSL)",
+                **self._where(stage, "backend.route.os_domain"),
+            )
         frozen = is_frozen()
         try:
             argv = resolve_interpreter(
@@ -223,21 +250,33 @@ class StageRuntime:
             raise RouteError(
                 f"{stage.name}: {exc.detail}", **self._where(stage, f"backend.route.{exc.key}")
             ) from exc
+        found = _LocalLlm(
+            python=Path(argv[0]),
+            device_id=device.physical_id,
+            memory=engine_memory_constraint(route.ep, device.physical_id),
+        )
         if isinstance(backend.model, Path):
-            self._check_floor(stage, backend, backend.model)
-        return _LocalLlm(python=Path(argv[0]), device_id=device.physical_id)
+            self._check_floor(stage, backend, backend.model, found.memory)
+        return found
 
-    def _check_floor(self, stage: StageConfig, backend: LlmBackendConfig, model_dir: Path) -> None:
-        """The stage's memory demand must cover its weights plus its KV cache."""
+    def _check_floor(
+        self, stage: StageConfig, backend: LlmBackendConfig, model_dir: Path, memory: str
+    ) -> None:
+        """The stage's demand on the memory its engine uses (the machine's RAM on the CPU, the
+        GPU's own memory for CUDA) must cover its weights plus its KV cache."""
         floor = engine_floor_bytes(model_dir, backend.engine_args)
-        declared = stage.resource_budget.demands.get(DEFAULT_MEMORY_CONSTRAINT, 0)
+        declared = stage.resource_budget.demands.get(memory, 0)
         if declared < floor:
+            held = (
+                "about 1.5 GiB for the tiny model on the CPU"
+                if memory == DEFAULT_MEMORY_CONSTRAINT
+                else "CUDA's own context and vLLM's activations besides"
+            )
             raise ConfigError(
-                f"{stage.name} demands {declared} bytes of {DEFAULT_MEMORY_CONSTRAINT}, less than "
-                f"the weights of {model_dir} plus the KV cache ({floor} bytes); accepted: a "
-                f"demand of at least {floor} bytes (the worker tree holds more: about 1.5 GiB "
-                "for the tiny model on the CPU)",
-                **self._where(stage, f"resource_budget.demands[{DEFAULT_MEMORY_CONSTRAINT}]"),
+                f"{stage.name} demands {declared} bytes of {memory}, less than the weights of "
+                f"{model_dir} plus the KV cache ({floor} bytes); accepted: a demand of at least "
+                f"{floor} bytes (the worker holds more: {held})",
+                **self._where(stage, f"resource_budget.demands[{memory}]"),
             )
 
     # -- start -----------------------------------------------------------------------
@@ -273,12 +312,13 @@ class StageRuntime:
     ) -> StageHandle:
         backend = stage.backend
         if isinstance(backend, GraphBackendConfig):
-            assert isinstance(found, VerifiedBundle)
+            assert isinstance(found, _Graph)
             spec = GraphStageSpec(
                 name=stage.name,
-                bundle=found,
+                bundle=found.bundle,
                 route=backend.route,
                 threads=self.threads.get(stage.name),
+                device=found.device,
             )
             return GraphStage(stage, backend.route.name, self._graph_client(spec, reservation))
         if isinstance(found, _RemoteLlm):
@@ -301,6 +341,7 @@ class StageRuntime:
                 device_id=found.device_id,
             ),
             demands=stage.resource_budget.demands,
+            memory_constraint=found.memory,
         )
         vllm = VllmStageClient(
             llm_spec,
@@ -341,7 +382,7 @@ class StageRuntime:
             model_dir = await loop.run_in_executor(None, ensure, found.python)
         except ModelBuildError as exc:
             raise StageStartError(stage.name, ExecutionError(str(exc))) from exc
-        self._check_floor(stage, backend, model_dir)
+        self._check_floor(stage, backend, model_dir, found.memory)
         return model_dir
 
     def _remote_client(

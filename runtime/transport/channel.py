@@ -15,7 +15,6 @@ from __future__ import annotations
 import io
 import itertools
 import os
-import select
 import sys
 import threading
 import time
@@ -27,10 +26,13 @@ import numpy as np
 from runtime.contracts.buffers import BufferDescriptor, DescriptorError
 from runtime.contracts.codec import Frame, FrameDecoder, FrameError, FrameLimits, encode_frame_parts
 from runtime.contracts.messages import AckMessage, Message, MessageError, decode_message
-from runtime.errors import ExecutionError
 from runtime.wire import descriptor_dtype, numpy_dtype
 
 from .arena import ArenaReader, ArenaSlot, ShmArena
+from .pipe_io import ChannelClosed as ChannelClosed
+from .pipe_io import ChannelTimeout as ChannelTimeout
+from .pipe_io import ProtocolError as ProtocolError
+from .pipe_io import fileno, wait_readable, wait_writable
 from .shm import ShmConsumer, ShmError, ShmProducer, shm_supported, validate_prefix
 
 if TYPE_CHECKING:
@@ -47,36 +49,6 @@ DEFAULT_SHM_THRESHOLD = 256 << 10
 ARENA_THRESHOLD = 16 << 10
 #: Largest single read from the pipe; the decoder never asks for more than the step needs.
 READ_CHUNK = 1 << 20
-
-
-class ChannelClosed(ExecutionError):
-    """The peer closed the stream (end of file at a frame boundary) or this side closed."""
-
-    def __init__(self, message: str, *, channel: str) -> None:
-        super().__init__(message)
-        self.channel = channel
-
-
-class ChannelTimeout(ExecutionError):
-    """No complete frame arrived before the deadline; the stream stays usable."""
-
-    def __init__(self, message: str, *, channel: str, timeout_s: float) -> None:
-        super().__init__(message)
-        self.channel = channel
-        self.timeout_s = timeout_s
-
-
-class ProtocolError(ExecutionError):
-    """The peer broke the protocol. ``code`` is a frame or message error code.
-
-    After a framing error the stream cannot be resynchronised: the channel is unusable.
-    """
-
-    def __init__(self, message: str, *, code: str, channel: str) -> None:
-        super().__init__(f"{channel}: {code}: {message}")
-        self.detail = message
-        self.code = code
-        self.channel = channel
 
 
 def _wire_array(name: str, value: object) -> np.ndarray[Any, Any]:
@@ -97,50 +69,6 @@ def _bytes_of(array: np.ndarray[Any, Any]) -> memoryview:
 def frame_acks(frame: Frame) -> list[tuple[str, int]]:
     """``(owner, generation)`` of every shared-memory buffer in ``frame``, to acknowledge."""
     return [(d.owner, d.generation) for d in frame.buffers if not d.inline]
-
-
-def _fileno(stream: object) -> int | None:
-    try:
-        return cast("BinaryIO", stream).fileno()
-    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
-        return None
-
-
-if sys.platform == "win32":
-    import ctypes
-    import msvcrt
-
-    def _wait_readable(fd: int, deadline: float) -> bool:
-        # select() takes only sockets on Windows; poll the pipe instead.
-        handle = msvcrt.get_osfhandle(fd)
-        available = ctypes.c_ulong(0)
-        while True:
-            ok = ctypes.windll.kernel32.PeekNamedPipe(
-                handle, None, 0, None, ctypes.byref(available), None
-            )
-            if not ok or available.value:
-                # A broken pipe is readable too: the read reports end of file.
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.005)
-
-else:
-
-    def _wait_readable(fd: int, deadline: float) -> bool:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            readable, _, _ = select.select([fd], [], [], 0)
-        else:
-            readable, _, _ = select.select([fd], [], [], remaining)
-        return bool(readable)
-
-
-def _wait_writable(fd: int) -> None:
-    if sys.platform == "win32":  # pragma: no cover - Windows pipes stay blocking
-        time.sleep(0.001)
-        return
-    select.select([], [fd], [], 1.0)
 
 
 class FramedChannel:
@@ -184,8 +112,8 @@ class FramedChannel:
             if isinstance(writer, io.RawIOBase)
             else writer
         )
-        self._read_fd = _fileno(reader)
-        self._write_fd = _fileno(writer)
+        self._read_fd = fileno(reader)
+        self._write_fd = fileno(writer)
         self._decoder = FrameDecoder(self.limits)
         self._ready: deque[Frame] = deque()
         self._read_lock = threading.Lock()
@@ -199,6 +127,12 @@ class FramedChannel:
         self._consumer: ShmConsumer | None = None
         self._arena_reader: ArenaReader | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # The loop reader's callbacks, kept to lend the pipe and take it back.
+        self._loop_readable: Callable[[], None] | None = None
+        self._loop_on_frame: Callable[[Frame], None] | None = None
+        self._loop_finish: Callable[[BaseException | None], None] | None = None
+        self._loop_paused = False
+        self._borrowed_failure: FrameError | None = None
         #: Send call, result and ack frames with the compact binary header (set once the
         #: peer offered ``binary-header``); every frame received is accepted either way.
         self.binary_headers = False
@@ -518,7 +452,7 @@ class FramedChannel:
             except BlockingIOError:
                 if not wait:
                     return views
-                _wait_writable(fd)
+                wait_writable(fd)
                 continue
             except (OSError, ValueError) as exc:
                 raise self._broken(exc) from exc
@@ -610,7 +544,7 @@ class FramedChannel:
             if self._read_fd is None:
                 # An in-memory stream never blocks, so it needs no deadline.
                 return self._reader.read(size)
-            if deadline is not None and not _wait_readable(self._read_fd, deadline):
+            if deadline is not None and not wait_readable(self._read_fd, deadline):
                 raise ChannelTimeout(
                     f"channel {self.name}: no frame within {timeout_s} s",
                     channel=self.name,
@@ -766,7 +700,66 @@ class FramedChannel:
             if failure is not None:
                 finish(self._protocol_error(failure, failure.code))
 
+        self._loop_readable = readable
+        self._loop_on_frame = on_frame
+        self._loop_finish = finish
+        self._loop_paused = False
         loop.add_reader(fd, readable)
+
+    # Lending the pipe to a thread that waits for one reply (runtime/backends/borrowed.py).
+
+    def pause_loop_reader(self) -> bool:
+        """Stop the loop watching the pipe (on the loop's thread): another thread reads it
+        with :meth:`read_borrowed` until :meth:`resume_loop_reader`. False when the loop
+        does not read this channel."""
+        loop, fd = self._loop, self._read_fd
+        if loop is None or fd is None or self._loop_readable is None or self._loop_paused:
+            return False
+        loop.remove_reader(fd)
+        self._loop_paused = True
+        return True
+
+    def resume_loop_reader(self) -> None:
+        """Watch the pipe on the loop again (on the loop's thread). Frames the borrowing
+        thread decoded but did not take, and a malformed frame it met, are the loop's now."""
+        if not self._loop_paused:
+            return
+        self._loop_paused = False
+        loop, fd, readable = self._loop, self._read_fd, self._loop_readable
+        if loop is None or fd is None or readable is None or loop.is_closed():
+            return
+        on_frame, finish = self._loop_on_frame, self._loop_finish
+        while self._ready and on_frame is not None:
+            on_frame(self._ready.popleft())
+        failure, self._borrowed_failure = self._borrowed_failure, None
+        if failure is not None and finish is not None:
+            finish(self._protocol_error(failure, failure.code))
+            return
+        loop.add_reader(fd, readable)
+
+    def read_borrowed(self) -> list[Frame] | None:
+        """The whole frames the lent pipe holds now (none when it holds only part of one);
+        None at the end of the stream, when reading fails or at a malformed frame: the
+        borrower then hands the pipe back, and the loop reports what ended it."""
+        fd = self._read_fd
+        if fd is None or not self._loop_paused:
+            return None
+        try:
+            data = self._read_fd_into(fd, READ_CHUNK)
+        except BlockingIOError:
+            return []
+        except (OSError, ValueError):
+            return None
+        if not data:
+            return None
+        try:
+            self._feed(data)
+        except FrameError as exc:
+            self._borrowed_failure = exc
+            return None
+        frames = list(self._ready)
+        self._ready.clear()
+        return frames
 
     def _stop_loop_reader(self) -> None:
         loop, self._loop = self._loop, None
@@ -805,7 +798,7 @@ class FramedChannel:
             return True
         if self._read_fd is None:
             return True
-        return _wait_readable(self._read_fd, time.monotonic() + timeout_s)
+        return wait_readable(self._read_fd, time.monotonic() + timeout_s)
 
     # Lifetime.
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from runtime.contracts.buffers import BufferDescriptor, DType
 from runtime.contracts.codec import decode_frame, encode_frame
+from runtime.contracts.ep_device import AppliedDevice, EpDeviceRequest
 from runtime.contracts.messages import (
     CONTROLLER_TO_WORKER,
     MESSAGE_ERROR_CODES,
@@ -79,6 +80,40 @@ def sample_messages() -> list[Message]:
         ErrorMessage(call_id=7, code="model_error", message="Got invalid dimensions", fatal=False),
         ErrorMessage(call_id=None, code="load_failed", message="", fatal=True),
         ByeMessage(),
+        LoadMessage(
+            manifest_path="/bundles/add/manifest.json",
+            expected_identity="sha256:" + "cd" * 32,
+            providers=("DmlExecutionProvider", CPU),
+            allowed_providers=("DmlExecutionProvider", CPU),
+            target_provider="DmlExecutionProvider",
+            max_io_bytes=1 << 20,
+            min_fraction_on_target=1.0,
+            shm_prefix=None,
+            device=EpDeviceRequest(
+                "LUID-00000000-0000F2A1", "gpu", 0x1002, 0x150E, luid="LUID-00000000-0000F2A1"
+            ),
+            provider_options={"device_id": "1"},
+            ep_library="C:\\plugins\\onnxruntime_providers_dml.dll",
+        ),
+        ReadyMessage(
+            placement={"DmlExecutionProvider": 1},
+            total_nodes=1,
+            placement_method="assignment_info",
+            inputs=(TensorSpec("a", DType.FLOAT32, (4,)),),
+            outputs=(TensorSpec("b", DType.FLOAT32, (4,)),),
+            load_s=0.5,
+            warmup_s=0.25,
+            rss_bytes=1,
+            device=AppliedDevice(
+                method="ep_device",
+                ep_name="DmlExecutionProvider",
+                type="gpu",
+                vendor="AMD",
+                vendor_id=0x1002,
+                device_id=0x150E,
+                provider_options={"device_id": "1"},
+            ),
+        ),
     ]
 
 
@@ -180,6 +215,7 @@ def _replace(original: Message, /, **changes: Any) -> dict[str, Any]:
 
 
 LOAD, CALL, CANCEL, ACK, _, HELLO, READY, RESULT, ERROR, *_rest = sample_messages()
+LOAD_ON_DEVICE, READY_ON_DEVICE = _rest[-2:]
 
 
 @pytest.mark.parametrize(
@@ -199,6 +235,33 @@ LOAD, CALL, CANCEL, ACK, _, HELLO, READY, RESULT, ERROR, *_rest = sample_message
         (LOAD, {"min_fraction_on_target": -0.1}, "load.min_fraction_on_target"),
         (LOAD, {"min_fraction_on_target": True}, "load.min_fraction_on_target"),
         (LOAD, {"shm_prefix": ""}, "load.shm_prefix"),
+        (LOAD_ON_DEVICE, {"device": {"physical_id": "x"}}, "load.device"),
+        (
+            LOAD_ON_DEVICE,
+            {"device": {"physical_id": "x", "type": "tpu", "vendor_id": 1, "device_id": 2}},
+            "load.device: device.type",
+        ),
+        (
+            LOAD_ON_DEVICE,
+            {"device": {"physical_id": "x", "type": "gpu", "vendor_id": -1, "device_id": 2}},
+            "device.vendor_id",
+        ),
+        (
+            LOAD_ON_DEVICE,
+            {
+                "device": {
+                    "physical_id": "x",
+                    "type": "gpu",
+                    "vendor_id": 1,
+                    "device_id": 2,
+                    "pci_bus_id": "slot-3",
+                }
+            },
+            "device.pci_bus_id",
+        ),
+        (LOAD_ON_DEVICE, {"provider_options": {"device_id": 1}}, "load.provider_options"),
+        (LOAD_ON_DEVICE, {"ep_library": ""}, "load.ep_library"),
+        (READY_ON_DEVICE, {"device": {"method": "guess"}}, "ready.device"),
         (CALL, {"call_id": -1}, "call.call_id"),
         (CALL, {"call_id": True}, "call.call_id"),
         (CALL, {"request_id": ""}, "call.request_id"),
@@ -250,6 +313,18 @@ def test_bad_fields_are_named(message: Message, changes: dict[str, Any], field: 
     assert info.value.code == "bad_field"
     assert field in str(info.value)
     assert "expected" in str(info.value) or "accepted" in str(info.value)
+
+
+def test_a_peer_without_the_device_fields_is_still_understood() -> None:
+    body = LOAD_ON_DEVICE.to_body()
+    for name in ("device", "provider_options", "ep_library"):
+        del body[name]
+    older = LoadMessage.from_body(body)
+    assert older.device is None
+    assert dict(older.provider_options) == {}
+    ready = READY_ON_DEVICE.to_body()
+    del ready["device"]
+    assert ReadyMessage.from_body(ready).device is None
 
 
 def test_bad_dtype_lists_the_accepted_ones() -> None:
@@ -314,3 +389,21 @@ def test_ready_round_trip_property(placement: dict[str, int], extra: int, second
         placement, sum(placement.values()) + extra, "profiling", (), (), seconds, seconds, extra
     )
     assert decode_message(decode_frame(frame_for(ready))) == ready
+
+
+def test_the_message_fixtures_decode_as_messages_with_their_devices() -> None:
+    from runtime.contracts.conformance import load_fixtures
+
+    fixtures = {f["name"]: f for f in load_fixtures() if f["name"].startswith("ok/messages/")}
+    load = decode_message(
+        decode_frame(bytes.fromhex(fixtures["ok/messages/load_on_a_device"]["hex"]))
+    )
+    assert isinstance(load, LoadMessage)
+    assert load.device == EpDeviceRequest("LUID-00000000-0000F2A1", "gpu", 0x1002, 0x150E)
+    assert dict(load.provider_options) == {"device_id": "0"}
+    ready = decode_message(
+        decode_frame(bytes.fromhex(fixtures["ok/messages/ready_with_the_applied_device"]["hex"]))
+    )
+    assert isinstance(ready, ReadyMessage)
+    assert ready.device is not None
+    assert (ready.device.method, ready.device.vendor_id) == ("ep_device", 0x1002)

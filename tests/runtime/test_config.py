@@ -909,3 +909,66 @@ def test_data_placeholder_names_the_user_data_directory(
     text = pipeline_text(1).replace("bundle/manifest.json", "${data}/voices/manifest.json")
     config = load_pipeline(write(files, text))
     assert config.stages[0].backend.manifest == data / "voices" / "manifest.json"
+
+
+# --- provider options and plugin libraries ------------------------------------------------
+
+
+def _with_route_lines(lines: str) -> str:
+    return pipeline_text(1).replace(
+        "        max_io_bytes: 8MiB\n", f"        max_io_bytes: 8MiB\n{lines}"
+    )
+
+
+def test_provider_options_and_an_ep_library_are_read(files: Path) -> None:
+    text = _with_route_lines(
+        "        provider_options: {device_id: 1, device_type: NPU}\n"
+        "        ep_library: /opt/ort-plugins/libonnxruntime_providers_openvino_plugin.so\n"
+    )
+    (stage,) = load_pipeline(write(files, text)).stages
+    route = stage.backend.route
+    assert dict(route.provider_options) == {"device_id": "1", "device_type": "NPU"}
+    assert route.ep_library == "/opt/ort-plugins/libonnxruntime_providers_openvino_plugin.so"
+
+
+@pytest.mark.parametrize(
+    ("lines", "key", "needle"),
+    [
+        (
+            "        provider_options: {device_id: first}\n",
+            "stages[0].backend.route.provider_options[device_id]",
+            "device_id 'first' is not a device index; expected an integer >= 0",
+        ),
+        (
+            "        provider_options: {device_id: -1}\n",
+            "stages[0].backend.route.provider_options[device_id]",
+            "is not a device index",
+        ),
+        (
+            "        provider_options: {enable: true}\n",
+            "stages[0].backend.route.provider_options[enable]",
+            "expected a string or an integer",
+        ),
+        (
+            "        provider_options: {'bad key': x}\n",
+            "stages[0].backend.route.provider_options[bad key]",
+            "is not a provider option name",
+        ),
+        (
+            "        ep_library: plugins/openvino.so\n",
+            "stages[0].backend.route.ep_library",
+            "'plugins/openvino.so' is not an absolute path",
+        ),
+        (
+            "        ep_library: /opt/plugins/readme.txt\n",
+            "stages[0].backend.route.ep_library",
+            "is not a shared library",
+        ),
+    ],
+)
+def test_bad_provider_options_and_libraries_are_named(
+    files: Path, lines: str, key: str, needle: str
+) -> None:
+    text = _with_route_lines(lines)
+    error = refused(files, text, key=key, line=line_of(text, lines.strip().split(":")[0]))
+    assert needle in str(error)

@@ -31,6 +31,55 @@ from runtime.contracts.conformance.v1_streams import (
 
 OUTPUT = Path(__file__).with_name("v1.json")
 
+#: A ``load`` body with the device fields, written out by hand.
+LOAD_ON_A_DEVICE: dict[str, Any] = {
+    "manifest_path": "\\\\wsl.localhost\\Ubuntu\\home\\ada\\add\\manifest.json",
+    "expected_identity": "sha256:" + "ab" * 32,
+    "providers": ["DmlExecutionProvider"],
+    "allowed_providers": ["DmlExecutionProvider"],
+    "target_provider": "DmlExecutionProvider",
+    "max_io_bytes": 65536,
+    "min_fraction_on_target": 1.0,
+    "shm_prefix": None,
+    "intra_op_threads": 0,
+    "allow_spinning": True,
+    "binary_headers": False,
+    "device": {
+        "physical_id": "LUID-00000000-0000F2A1",
+        "type": "gpu",
+        "vendor_id": 4098,
+        "device_id": 5390,
+    },
+    "provider_options": {"device_id": "0"},
+    "ep_library": None,
+}
+#: A ``ready`` body reporting the device applied, written out by hand.
+READY_WITH_THE_APPLIED_DEVICE: dict[str, Any] = {
+    "placement": {"DmlExecutionProvider": 1},
+    "total_nodes": 1,
+    "placement_method": "assignment_info",
+    "inputs": [{"name": "a", "dtype": "float32", "shape": [1024]}],
+    "outputs": [{"name": "c", "dtype": "float32", "shape": [1024]}],
+    "load_s": 0.25,
+    "warmup_s": 0.5,
+    "rss_bytes": 67108864,
+    "intra_op_threads": 0,
+    "allow_spinning": True,
+    "arena_bytes": 0,
+    "max_input_bytes": 8192,
+    "arena_name": None,
+    "device": {
+        "method": "ep_device",
+        "ep_name": "DmlExecutionProvider",
+        "type": "gpu",
+        "vendor": "AMD",
+        "vendor_id": 4098,
+        "device_id": 5390,
+        "provider_options": {"device_id": "0"},
+        "ep_library": None,
+    },
+}
+
 FORMAT: dict[str, Any] = {
     "description": "Conformance fixtures for the Omni Edge frame codec, wire version 1. "
     "A receiver decodes each fixture's bytes as a stream and must produce exactly the "
@@ -209,6 +258,17 @@ def _valid(f: Fixtures) -> None:
         "ok/known_required_features",
         "required features the receiver implements are accepted",
         [(header_of("call", required=["cancel", "text-stream"], body={"id": "r1"}), [])],
+    )
+    f.ok(
+        "ok/messages/load_on_a_device",
+        "a graph worker's load naming the device to run on, the target provider's options "
+        "and a plugin library (fields a receiver without them may omit)",
+        [(header_of("load", body=LOAD_ON_A_DEVICE), [])],
+    )
+    f.ok(
+        "ok/messages/ready_with_the_applied_device",
+        "a graph worker's ready reporting the execution-provider device and options applied",
+        [(header_of("ready", body=READY_WITH_THE_APPLIED_DEVICE), [])],
     )
     deep: Any = 0
     for _ in range(32):

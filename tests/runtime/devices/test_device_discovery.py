@@ -211,6 +211,17 @@ def laptop_inputs(domain: ExecutionDomain, **changes: Any) -> DiscoveryInputs:
     return DiscoveryInputs(**values)
 
 
+def test_an_nvml_gpu_offers_cuda_to_workers_when_this_onnx_runtime_lacks_it() -> None:
+    # The controller's ONNX Runtime is the CPU build: CUDA comes with the worker's environment.
+    cpu_only = OrtProbe(("CPUExecutionProvider",), ep_records("ep_devices_linux_cpu.json"))
+    topology = assemble_topology(laptop_inputs(ExecutionDomain.POSIX, ort=cpu_only))
+    cpu, gpu = topology.devices
+    assert gpu.physical_id == RTX_UUID
+    assert gpu.providers == ("CUDAExecutionProvider",)
+    assert cpu.providers == ("CPUExecutionProvider",)
+    assert (cpu.vendor_id, gpu.vendor_id) == (0x1022, 0x10DE)
+
+
 def test_wsl_discovery_charges_quota_and_keeps_vram_separate() -> None:
     topology = assemble_topology(laptop_inputs(ExecutionDomain.WSL))
     assert topology.wsl

@@ -211,6 +211,17 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
+def test_hardware_ids_load_and_save(tmp_path: Path) -> None:
+    text = GOOD_DEVICE.replace(
+        "    domains: [posix]\n", "    domains: [posix]\n    vendor_id: 0x1022\n    device_id: 0\n"
+    )
+    topology = load_topology(write(tmp_path, text))
+    (cpu,) = topology.devices
+    assert (cpu.vendor_id, cpu.device_id) == (0x1022, 0)
+    saved = save_topology(topology, tmp_path / "saved.yaml")
+    assert load_topology(saved).devices == topology.devices
+
+
 def test_minimal_file_loads(tmp_path: Path) -> None:
     topology = load_topology(write(tmp_path, GOOD_DEVICE))
     assert topology.constraints[MACHINE_RAM].capacity == 8 * GiB
@@ -245,6 +256,22 @@ def test_minimal_file_loads(tmp_path: Path) -> None:
             "YAML reads '0000:01:00.0' as float; put it in quotes",
         ),
         (GOOD_DEVICE.replace("name: X", "name: ''"), 5, "devices[0].name", "non-empty"),
+        (
+            GOOD_DEVICE.replace(
+                "    domains: [posix]\n", "    domains: [posix]\n    vendor_id: AMD\n"
+            ),
+            7,
+            "devices[0].vendor_id",
+            "vendor_id 'AMD' is not a hardware id; accepted: an integer in [0, 0xFFFFFFFF]",
+        ),
+        (
+            GOOD_DEVICE.replace(
+                "    domains: [posix]\n", "    domains: [posix]\n    device_id: -2\n"
+            ),
+            7,
+            "devices[0].device_id",
+            "device_id -2 is not a hardware id",
+        ),
         (GOOD_DEVICE.replace("    name: X\n", ""), 3, "devices[0]", "missing required key 'name'"),
         (GOOD_DEVICE.replace("8GiB", "8 gigs"), 8, "memory.machine:ram", "cannot read size"),
         (GOOD_DEVICE.replace("8GiB", "0"), 8, "memory.machine:ram", "larger than zero"),
@@ -325,3 +352,19 @@ def test_missing_and_empty_files_are_config_errors(tmp_path: Path) -> None:
     assert caught.value.file == str(tmp_path / "absent.yaml")
     with pytest.raises(ConfigError, match="empty"):
         load_topology(write(tmp_path, "# nothing\n"))
+
+
+def test_a_device_s_pci_address_reaches_its_worker_request(tmp_path: Path) -> None:
+    from runtime.devices import ep_device_request
+
+    text = GOOD_DEVICE.replace(
+        "    domains: [posix]\n", "    domains: [posix]\n    pci_bus_id: '00000000:C4:00.0'\n"
+    )
+    (cpu,) = load_topology(write(tmp_path, text)).devices
+    assert cpu.pci_bus_id == "0000:c4:00.0"
+    assert ep_device_request(cpu).pci_bus_id == "0000:c4:00.0"
+    bad = GOOD_DEVICE.replace(
+        "    domains: [posix]\n", "    domains: [posix]\n    pci_bus_id: slot-3\n"
+    )
+    with pytest.raises(ConfigError, match="pci_bus_id 'slot-3' is not a PCI address"):
+        load_topology(write(tmp_path, bad))

@@ -48,6 +48,7 @@ class StageSpec:
     capacity: str = "2GiB"
     demand: str = "128MiB"
     env: Mapping[str, str] = field(default_factory=dict)
+    provider_options: Mapping[str, str | int] = field(default_factory=dict)
 
 
 def write_pipeline(
@@ -66,6 +67,8 @@ def write_pipeline(
     }
     if stage.env:
         route["env"] = dict(stage.env)
+    if stage.provider_options:
+        route["provider_options"] = dict(stage.provider_options)
     document: dict[str, Any] = {"pipeline": name, "async_chunk": False}
     if max_queued is not None:
         document["max_queued"] = max_queued

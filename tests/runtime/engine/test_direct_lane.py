@@ -225,3 +225,50 @@ def test_closing_the_pipeline_during_a_direct_run_ends_it(
     assert isinstance(caught[0], RequestCancelled)
     assert process_gone(pid)
     assert not controller_segments()
+
+
+def test_direct_runs_read_their_own_results_and_the_loop_takes_the_pipe_back(
+    demo_root: Path, options: dict[str, Any]
+) -> None:
+    with Omni(demo_root / "pipelines" / "add.yaml", **options) as omni:
+        (client,) = omni.orchestrator.clients
+        reader = getattr(client, "_borrowed", None)
+        assert reader is None
+        omni.run(_pair(1))
+        reader = client._borrowed  # type: ignore[attr-defined]
+        # The loop lent the pipe: the caller's thread read its result itself.
+        assert reader is not None
+        assert reader.lent
+        # Idle, the loop watches the pipe again, and a request through the loop is served.
+        wait_until(lambda: not reader.lent, "the loop to take the pipe back", 2.0)
+        outputs = [output for output in omni.generate(_pair(2)) if output.finished]
+        np.testing.assert_allclose(
+            outputs[-1].outputs["sum"], _pair(2)["a"] + _pair(2)["b"], rtol=1e-6
+        )
+        # Direct runs right after a request through the loop borrow the pipe again.
+        for seed in range(3, 8):
+            result = omni.run(_pair(seed))
+            np.testing.assert_allclose(
+                result["sum"], _pair(seed)["a"] + _pair(seed)["b"], rtol=1e-6
+            )
+        assert reader.lent
+    assert not reader.lent
+    assert not controller_segments()
+
+
+def test_a_worker_killed_between_direct_runs_is_noticed_without_a_call(
+    demo_root: Path, options: dict[str, Any]
+) -> None:
+    with Omni(demo_root / "pipelines" / "add.yaml", **options) as omni:
+        (client,) = omni.orchestrator.clients
+        omni.run(_pair(1))
+        assert client._borrowed.lent  # type: ignore[attr-defined]
+        pid = client.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        # The loop takes the pipe back once no call came, and meets the end of the stream.
+        wait_until(lambda: not client.usable, "the stage to notice its worker died", 5.0)
+        assert isinstance(client.failure, WorkerDied)
+        with pytest.raises((WorkerDied, StageRetired)):
+            omni.run(_pair(2))
+    assert not controller_segments()

@@ -28,6 +28,7 @@ from runtime.errors import ConfigError, DeviceExcluded, UsageError
 from runtime.events import Event, EventBus, StageStarting
 from runtime.host import RouteError
 from runtime.ledger import ResourceLedger
+from runtime.planning import plan_pipeline
 
 GiB = 1 << 30
 TOPOLOGIES = Path(__file__).resolve().parents[3] / "assets" / "topologies"
@@ -179,3 +180,84 @@ def test_a_cuda_engine_is_pinned_to_the_gpu_admission_chose() -> None:
     # The vllm-cuda environment implies ep: cuda; anything else ep: cpu.
     assert LlmRouteConfig(interpreter="env:vllm-cuda").ep == "cuda"
     assert LlmRouteConfig().ep == "cpu"
+
+
+def test_a_local_engine_in_the_other_os_domain_is_refused_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    path = _pipeline(
+        tmp_path,
+        "      name: native.vllm.v1\n      model: tiny\n"
+        "      route: {name: windows-llm, os_domain: windows, interpreter: bundled}\n",
+    )
+    # A machine whose CPU both Windows and WSL reach: the device check passes.
+    both = load_topology(TOPOLOGIES / "cpu-igpu-npu-dgpu-wsl.yaml")
+    events = EventBus()
+    recorded: list[Event] = []
+    events.subscribe(recorded.append)
+    ledger = ResourceLedger(name="domains")
+    with pytest.raises(RouteError) as caught:
+        Omni(path, ledger=ledger, events=events, topology=both, selection=DeviceSelection())
+    assert caught.value.key == "stages[0].backend.route.os_domain"
+    assert "route windows-llm has os_domain 'windows'" in str(caught.value)
+    assert "accepted: os_domain: posix" in str(caught.value)
+    assert not [event for event in recorded if isinstance(event, StageStarting)]
+    assert ledger.snapshot().is_empty
+
+
+def _cuda_pipeline(tmp_path: Path, demands: str) -> Path:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}", encoding="utf-8")
+    with (model / "model.safetensors").open("wb") as weights:
+        weights.truncate(2 * GiB)  # sparse: its size counts, not its disk
+    path = tmp_path / "gpu.yaml"
+    path.write_text(
+        "pipeline: gpu-llm\nasync_chunk: false\nstages:\n  - stage_id: 0\n    backend:\n"
+        "      name: native.vllm.v1\n      model: model\n"
+        "      engine: {kv_cache_memory_bytes: 1GiB}\n"
+        "      route: {name: gpu-llm, ep: cuda, interpreter: bundled}\n"
+        "    resource_budget:\n"
+        f"      capacities: {{machine:ram: 64GiB, '{VRAM}': 24GiB}}\n"
+        f"      demands: {{{demands}}}\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+VRAM = "machine:vram:GPU-00000000-0000-4000-8000-000000000001"
+
+
+def test_a_cuda_engine_charges_its_weights_and_kv_cache_to_the_gpus_memory(
+    tmp_path: Path,
+) -> None:
+    topology = load_topology(TOPOLOGIES / "cpu-dgpu-wsl.yaml")
+    # RAM alone does not hold a CUDA engine's weights: the GPU's memory must.
+    path = _cuda_pipeline(tmp_path, "machine:ram: 3GiB")
+    events = EventBus()
+    ledger = ResourceLedger(name="cuda-refused")
+    with pytest.raises(ConfigError) as caught:
+        Omni(path, ledger=ledger, events=events, topology=topology, selection=DeviceSelection())
+    assert ledger.snapshot().is_empty
+    error = caught.value
+    assert error.key == f"stages[0].resource_budget.demands[{VRAM}]"
+    assert f"demands 0 bytes of {VRAM}, less than the weights" in str(error)
+    assert f"at least {3 * GiB} bytes" in str(error)
+    # Enough of the GPU's memory: admitted, and the engine's spec names that constraint.
+    enough = tmp_path / "enough"
+    enough.mkdir()
+    path = _cuda_pipeline(enough, f"machine:ram: 2GiB, '{VRAM}': 4GiB")
+    runtime = StageRuntime(
+        load_pipeline(path),
+        ledger=ResourceLedger(name="cuda"),
+        events=EventBus(),
+        topology=topology,
+        selection=DeviceSelection(),
+    )
+    (found,) = runtime._resolve()
+    assert getattr(found, "memory", None) == VRAM
+    # The plan warns of a CUDA engine that demands nothing of its GPU's memory.
+    warned = plan_pipeline(tmp_path / "gpu.yaml", topology=topology, selection=DeviceSelection())
+    assert any(f"demands nothing of {VRAM}" in warning for warning in warned.warnings)
+    planned = plan_pipeline(path, topology=topology, selection=DeviceSelection())
+    assert not [warning for warning in planned.warnings if "demands nothing" in warning]

@@ -312,7 +312,8 @@ def test_names_and_recipes_are_checked(tmp_path: Path) -> None:
     with pytest.raises(EnvError, match="environment name"):
         remove_env("a/b", root=tmp_path)
     with pytest.raises(
-        EnvError, match="unknown environment recipe 'nope'; accepted: ort-cpu, vllm-cpu, vllm-cuda"
+        EnvError,
+        match="unknown environment recipe 'nope'; accepted: ort-cpu, ort-cuda, vllm-cpu, vllm-cuda",
     ):
         create_env("nope", root=tmp_path)
     with pytest.raises(EnvError, match="unknown environment recipe 'nope'"):
@@ -338,6 +339,9 @@ def test_recipe_support_is_a_pure_decision() -> None:
     assert "NVIDIA" in (recipe_unsupported_reason(cuda, platform="linux", nvidia=False) or "")
     assert "win32" in (recipe_unsupported_reason(cuda, platform="win32", nvidia=True) or "")
     assert recipe_unsupported_reason(RECIPES["ort-cpu"], platform="win32") is None
+    ort_cuda = RECIPES["ort-cuda"]
+    assert recipe_unsupported_reason(ort_cuda, platform="win32", nvidia=True) is None
+    assert "NVIDIA" in (recipe_unsupported_reason(ort_cuda, platform="linux", nvidia=False) or "")
     assert "darwin" in (recipe_unsupported_reason(RECIPES["vllm-cpu"], platform="darwin") or "")
 
 
@@ -453,7 +457,7 @@ def test_the_env_command(
     assert by_name["tiny"]["status"] == "outdated"  # a recipe the command line does not know
     assert by_name["tiny"]["size_bytes"] > 0
     assert by_name["junk"]["status"] == "broken"
-    assert set(document["recipes"]) == {"ort-cpu", "vllm-cpu", "vllm-cuda"}
+    assert set(document["recipes"]) == {"ort-cpu", "ort-cuda", "vllm-cpu", "vllm-cuda"}
     assert _cli(["env", "list"]) == EXIT_OK
     text = capsys.readouterr().out
     assert "tiny: outdated (recipe tiny" in text

