@@ -44,7 +44,6 @@ if TYPE_CHECKING:
 REDRAW_MS = 30
 MAX_REDRAW_MS = 500
 REDRAW_SHARE = 4
-_STATUS_NOTES = {"stopped": "stopped", "failed": "failed"}
 _OUTCOME_STATUS: dict[str, Status] = {"completed": "done", "cancelled": "stopped"}
 
 
@@ -97,7 +96,7 @@ def transcript_html(conversation: Conversation, draft: ReplyDraft | None, palett
 def _turn_note(turn: Turn) -> str:
     if turn.role != "assistant":
         return ""
-    note = _STATUS_NOTES.get(turn.status, "")
+    note = "" if turn.status == "done" else turn.status
     if turn.status == "stopped" and not turn.content:
         note = "stopped before any text"
     if turn.error:
