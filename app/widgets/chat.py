@@ -96,7 +96,7 @@ def transcript_html(conversation: Conversation, draft: ReplyDraft | None, palett
 def _turn_note(turn: Turn) -> str:
     if turn.role != "assistant":
         return ""
-    note = "" if turn.status == "done" else turn.status
+    note: str = "" if turn.status == "done" else turn.status
     if turn.status == "stopped" and not turn.content:
         note = "stopped before any text"
     if turn.error:
