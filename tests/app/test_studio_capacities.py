@@ -11,7 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.models import RunState
+from app.models import BudgetRow, PlanView, RunState
+from app.presenters import with_quarantine
+from runtime.ledger import ResourceLedger
 from tests.app.support import open_pipeline, wait_state
 
 if TYPE_CHECKING:
@@ -91,3 +93,38 @@ def test_the_badge_counts_what_is_quarantined_and_agrees_with_run(
     assert replanned.args[0].admitted
     assert window.run_pane.fit_chip.text() == "Fits"
     assert run(qtbot, window).status == "completed"
+
+
+def test_with_quarantine_counts_only_what_is_quarantined_on_the_plans_constraints() -> None:
+    view = PlanView(
+        admitted=True,
+        topology="discovered",
+        stages=(),
+        budget=(BudgetRow(RAM, True, 2 * GiB, 0, GiB, GiB, True, {"stage-0": GiB}),),
+        refusals=(),
+        warnings=(),
+    )
+    ledger = ResourceLedger({RAM: 4 * GiB, "wsl:quota": 4 * GiB}, name="studio-like")
+    kept = ledger.reserve_plan("loaded", {"a": {RAM: 3 * GiB}})
+    # Reserved (the loaded pipeline's own) does not count, and nothing is quarantined.
+    assert with_quarantine(view, ledger.snapshot()) == view
+    lost = ledger.reserve_plan("earlier", {"b": {RAM: GiB // 2, "wsl:quota": 3 * GiB}})
+    ledger.quarantine(lost.stages["b"].id, "not confirmed gone")
+    still_fits = with_quarantine(view, ledger.snapshot())
+    assert still_fits.admitted
+    assert still_fits.budget[0].in_use == GiB // 2
+    assert still_fits.budget[0].headroom == GiB // 2
+    ledger.release_plan(kept)
+    more = ledger.reserve_plan("later", {"c": {RAM: GiB}})
+    ledger.quarantine(more.stages["c"].id, "not confirmed gone")
+    refused = with_quarantine(view, ledger.snapshot())
+    assert not refused.admitted
+    assert (refused.budget[0].in_use, refused.budget[0].fits) == (3 * GiB // 2, False)
+    assert refused.refusals == (
+        "machine:ram: 1.5 GiB of its 2.0 GiB is quarantined (a worker not confirmed gone), "
+        "so the plan's 1.0 GiB does not fit until it is freed",
+    )
+    for plan in (lost, more):
+        for stage in plan.stages.values():
+            ledger.resolve_quarantine(stage.id)
+    assert ledger.snapshot().is_empty
