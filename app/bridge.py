@@ -157,7 +157,7 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         self._loaded = False
         self._request: Request | None = None
         self._metrics = RunMetrics()
-        self._cancel_after_load = False
+        self._cancel_after_load = self._keep_after_cancel = False
         self._audio_sink: AudioSink | None = None
         self._serving = ServeSwitch(
             submit=self._submit,
@@ -222,7 +222,7 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         """Run one request (tensors as a mapping, or text); loads the stages first if needed."""
         if not self._state.can_run or self._config is None:
             return False
-        self._cancel_after_load = False
+        self._cancel_after_load = self._keep_after_cancel = False
         if self._loaded:
             self._set_state(RunState.RUNNING)
             self._submit(partial(self._submit_job, request_input))
@@ -231,8 +231,10 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
             self._submit(partial(self._load_job, self._config, request_input))
         return True
 
-    def cancel(self) -> bool:
-        """Cancel the running request (or the load it is waiting for)."""
+    def cancel(self, *, keep_loaded: bool = False) -> bool:
+        """Cancel the running request (or the load it is waiting for). The stages are then
+        unloaded, unless ``keep_loaded`` (the chat view's Stop) and all are still usable."""
+        self._keep_after_cancel = keep_loaded
         if self._state is RunState.LOADING:
             self._cancel_after_load = True
             self._set_state(RunState.CANCELLING)
@@ -339,7 +341,9 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         try:
             if not is_manifest_path(path):
                 export_missing_voices(path, progress=self._post_studio_line)
-            opened = describe_pipeline(path, self._ctl_topology, self._ctl_selection)
+            opened = describe_pipeline(
+                path, self._ctl_topology, self._ctl_selection, self.ledger.snapshot()
+            )
         except (OmniError, OSError, ValueError) as exc:
             self._post(partial(self._open_failed, exc))
             return
@@ -352,12 +356,15 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         except (OmniError, OSError) as exc:
             self._post(partial(self.error.emit, error_info(exc)))
             return
-        self._post(partial(self.plan_changed.emit, plan_view(plan)))
+        self._post(partial(self.plan_changed.emit, plan_view(plan, self.ledger.snapshot())))
 
     def _load_job(self, config: PipelineConfig, request_input: object) -> None:
         events = EventBus()
         unsubscribe = events.subscribe(self._on_runtime_event)
         try:
+            # One pipeline is loaded at a time: its capacities replace the previous one's, so
+            # a plan that fits on its own (the "Fits" badge) is never refused for another's.
+            self.ledger.replace_capacities(config.capacities)
             orchestrator = Orchestrator(
                 config,
                 ledger=self.ledger,
@@ -390,11 +397,12 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         if session is not None:
             session.orchestrator.cancel(request_id, wait=True)
 
-    def _settle_job(self, cancelled: bool) -> None:
+    def _settle_job(self, cancelled: bool, keep_after_cancel: bool = False) -> None:
         """After a request: keep the stages warm when it completed or failed and they are all
-        usable; after a cancel (or a retired worker) unload them, so nothing stays held."""
+        usable; after a cancel (unless asked to keep them) or a retired worker unload them,
+        so nothing stays held."""
         session = self._session
-        keep = session is not None and not cancelled and session.usable()
+        keep = session is not None and (not cancelled or keep_after_cancel) and session.usable()
         if session is not None and not keep:
             self._unload_job()
         self._post(partial(self._settled, keep, cancelled))
@@ -520,7 +528,8 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         self._finish_run(outcome)
         if self._state in (RunState.CLOSING, RunState.CLOSED):
             return
-        self._submit(partial(self._settle_job, outcome.status == "cancelled"))
+        cancelled = outcome.status == "cancelled"
+        self._submit(partial(self._settle_job, cancelled, cancelled and self._keep_after_cancel))
 
     def _finish_run(self, outcome: RunOutcome) -> None:
         metrics = self._metrics.finished(outcome.status, time.monotonic())
@@ -569,6 +578,8 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
 
     def _on_ledger_event(self, event: LedgerEvent) -> None:
         self.ledger_changed.emit(ledger_view(event.snapshot))
+        if event.kind in ("quarantined", "resolved"):  # the badge counts what is quarantined
+            self._post(self._replan)
         self.log_line.emit(LogLine(time.time(), "INFO", "ledger", f"{event.kind}: {event.detail}"))
 
     def _handle_event(self, event: Event) -> None:

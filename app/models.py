@@ -280,6 +280,8 @@ class PipelineInfo:
     example_text: str
     plan: PlanView
     manifests: tuple[ManifestView, ...]
+    #: Text in, with a language-model stage: the studio shows a conversation view.
+    chat: bool = False
 
 
 # ------------------------------------------------------------------------------ outputs
@@ -305,10 +307,14 @@ class ReceivedAudio:
 
 @dataclass(frozen=True, slots=True)
 class TextChunk:
+    """Streamed text: a partial output's new text, or (``finished``) the whole text, with the
+    prompt the language-model stage rendered for the request when the runtime reports it."""
+
     request_id: str
     index: int
     text: str
     finished: bool
+    prompt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

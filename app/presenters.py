@@ -10,7 +10,7 @@ subscribes to the runtime or waits on it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -41,7 +41,7 @@ from app.models import (
     TopologyView,
 )
 from runtime.artifacts import load_example_inputs, verify_bundle
-from runtime.config import GraphBackendConfig, load_pipeline
+from runtime.config import GraphBackendConfig, LlmBackendConfig, load_pipeline
 from runtime.devices import DISCOVERED, DeviceSelection
 from runtime.engine.outputs import AUDIO_KEYS, AudioChunk, OmniRequestOutput
 from runtime.errors import (
@@ -67,6 +67,7 @@ from runtime.events import (
     StageStarting,
     WorkerRetired,
 )
+from runtime.ledger import format_bytes
 from runtime.pipeline_files import is_manifest_path, pipeline_for_bundle
 from runtime.pipeline_input import TENSOR_INPUT, example_text, input_kind
 from runtime.planning import plan_pipeline
@@ -186,7 +187,43 @@ def manifest_view(stage: str, report: BundleReport) -> ManifestView:
     )
 
 
-def plan_view(plan: PipelinePlan) -> PlanView:
+def plan_view(plan: PipelinePlan, charged: LedgerSnapshot | None = None) -> PlanView:
+    """The plan as the studio shows it; with ``charged`` (the studio's ledger), as that ledger
+    would admit it (:func:`with_quarantine`), so the badge agrees with what Run does."""
+    view = _plan_view(plan)
+    return view if charged is None else with_quarantine(view, charged)
+
+
+def with_quarantine(view: PlanView, snapshot: LedgerSnapshot) -> PlanView:
+    """What is quarantined in the studio's ledger (a retired worker not confirmed gone) stays
+    charged whatever pipeline loads next: it counts as in use, and a constraint it leaves too
+    small refuses the plan, as loading it would. Other pipelines' capacities and finished
+    reservations do not count: each loaded pipeline's capacities are its own."""
+    held = {name: state.quarantined for name, state in snapshot.constraints.items()}
+    rows: list[BudgetRow] = []
+    refusals = list(view.refusals)
+    for row in view.budget:
+        quarantined = held.get(row.constraint, 0)
+        headroom = row.headroom - quarantined
+        rows.append(
+            replace(
+                row,
+                in_use=row.in_use + quarantined,
+                headroom=headroom,
+                fits=row.fits and headroom >= 0,
+            )
+        )
+        if row.fits and headroom < 0:
+            refusals.append(
+                f"{row.constraint}: {format_bytes(quarantined)} of its "
+                f"{format_bytes(row.capacity)} is quarantined (a worker not confirmed gone), "
+                f"so the plan's {format_bytes(row.total)} does not fit until it is freed"
+            )
+    admitted = view.admitted and len(refusals) == len(view.refusals)
+    return replace(view, budget=tuple(rows), refusals=tuple(refusals), admitted=admitted)
+
+
+def _plan_view(plan: PipelinePlan) -> PlanView:
     return PlanView(
         admitted=plan.admitted,
         topology=plan.topology.source,
@@ -336,9 +373,20 @@ def output_items(
                 received_s=received_s,
             )
         )
-    text = outputs.get("text")
+    text: object = outputs.get("text")
+    if text is None and output.finished and output.text is not None:
+        text = output.text
     if text is not None:
-        items.append(TextChunk(output.request_id, output.index, _as_text(text), output.finished))
+        prompt = output.metrics.get("prompt") if output.finished else None
+        items.append(
+            TextChunk(
+                output.request_id,
+                output.index,
+                _as_text(text),
+                output.finished,
+                prompt if isinstance(prompt, str) else None,
+            )
+        )
     if audio is None and text is None:
         arrays = {
             name: np.array(value, copy=True)
@@ -486,8 +534,14 @@ class OpenedPipeline:
     config: PipelineConfig
 
 
-def describe_pipeline(path: Path, topology: Topology, selection: DeviceSelection) -> OpenedPipeline:
-    """Everything the studio shows before loading: config, plan, manifests, example inputs.
+def describe_pipeline(
+    path: Path,
+    topology: Topology,
+    selection: DeviceSelection,
+    charged: LedgerSnapshot | None = None,
+) -> OpenedPipeline:
+    """Everything the studio shows before loading: config, plan (against ``charged``, see
+    :func:`plan_view`), manifests, example inputs.
 
     It reads and verifies files (the bridge calls it on its control thread); a bundle's
     manifest or folder gets the one-stage pipeline :func:`pipeline_for_bundle` writes."""
@@ -516,12 +570,14 @@ def describe_pipeline(path: Path, topology: Topology, selection: DeviceSelection
         stage_names=tuple(stage.name for stage in config.stages),
         example_inputs=examples,
         example_text=text if text is not None else DEFAULT_TEXT if kind is InputKind.TEXT else "",
-        plan=plan_view(plan),
+        plan=plan_view(plan, charged),
         manifests=tuple(
             manifest_view(stage.name, stage.bundle)
             for stage in plan.stages
             if stage.bundle is not None
         ),
+        chat=kind is InputKind.TEXT
+        and any(isinstance(stage.backend, LlmBackendConfig) for stage in config.stages),
     )
     return OpenedPipeline(info, config)
 

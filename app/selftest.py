@@ -25,6 +25,7 @@ from PySide6.QtCore import QEventLoop, QMessageLogContext, QTimer, QtMsgType, qI
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QApplication
 
+from app.conversations import ConversationStore
 from app.demos import demo_pipelines, llm_environment
 from app.models import InputKind, RunOutcome, RunState
 from app.settings import StudioSettings
@@ -143,7 +144,9 @@ def _run_demo(window: MainWindow, path: Path, timeout_s: float) -> DemoResult:
         raise StepFailed("; ".join(errors) or "the pipeline did not open")
     if not info.plan.admitted:
         raise StepFailed("refused before loading: " + "; ".join(info.plan.refusals))
-    if info.input_kind is InputKind.TEXT:
+    if info.chat:  # the conversation view sends its message
+        window.chat.composer.setPlainText(SPEECH_TEXT)
+    elif info.input_kind is InputKind.TEXT:
         window.run_pane.text_input.setPlainText(SPEECH_TEXT)
     window.stall_monitor.reset()
     window.run()
@@ -188,7 +191,8 @@ def _run_demo(window: MainWindow, path: Path, timeout_s: float) -> DemoResult:
     else:
         waveform = window.output.waveform
         samples = waveform.samples[: waveform.sample_count]
-        chunks, texts = waveform.chunks, window.output.text_view.chunks
+        chunks = waveform.chunks
+        texts = window.chat.reply_chunks if info.chat else window.output.text_view.chunks
         if chunks == 0 and texts == 0:
             raise StepFailed("the run completed without audio or text")
         if not np.all(np.isfinite(samples)):
@@ -314,6 +318,8 @@ def run_self_test(
             settings=settings,
             bridge=RuntimeBridge(selection=DeviceSelection()),
             demos_folder=demos_folder,
+            # The user's saved conversations are neither listed nor added to.
+            conversations=ConversationStore(Path(folder) / "conversations"),
         )
         window.show()
         try:

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.bridge import RuntimeBridge
+from app.conversations import ConversationStore
 from app.demos import demo_pipelines, topology_files
 from app.inputs import InputFileError, read_inputs, read_npz
 from app.models import (
@@ -32,12 +33,14 @@ from app.models import (
     ReceivedAudio,
     RunOutcome,
     RunState,
+    TextChunk,
     TopologyView,
 )
 from app.playback import AudioOutput
 from app.settings import StudioSettings
 from app.stall import StallMonitor
 from app.widgets.banner import ErrorBanner
+from app.widgets.chat import ChatView
 from app.widgets.common import format_bytes
 from app.widgets.devices import DevicesPanel
 from app.widgets.log import LogPanel
@@ -68,6 +71,7 @@ class MainWindow(QMainWindow):
         bridge: RuntimeBridge | None = None,
         audio: AudioOutput | None = None,
         demos_folder: Path | None = None,
+        conversations: ConversationStore | None = None,
     ) -> None:
         super().__init__()
         self.settings = settings if settings is not None else StudioSettings()
@@ -89,6 +93,8 @@ class MainWindow(QMainWindow):
         self.banner = ErrorBanner()
         self.run_pane = RunPane(self.run_action, self.cancel_action, self.unload_action)
         self.output = OutputArea(self.audio)
+        self.chat = ChatView(conversations if conversations is not None else ConversationStore())
+        self.chat.hide()
         self.devices_panel = DevicesPanel(topology_files())
         self.plan_panel = PlanPanel()
         self.manifest_panel = ManifestPanel()
@@ -120,8 +126,10 @@ class MainWindow(QMainWindow):
         center_layout.addWidget(self.banner)
         self.center_splitter = QSplitter(Qt.Orientation.Vertical)
         self.center_splitter.addWidget(self.run_pane)
+        self.center_splitter.addWidget(self.chat)
         self.center_splitter.addWidget(self.output)
-        self.center_splitter.setStretchFactor(1, 1)
+        self.center_splitter.setStretchFactor(1, 2)
+        self.center_splitter.setStretchFactor(2, 1)
         self.center_splitter.setChildrenCollapsible(False)
         center_layout.addWidget(self.center_splitter)
         left = QWidget()
@@ -147,6 +155,7 @@ class MainWindow(QMainWindow):
         status.addPermanentWidget(self.stall_label)
 
         self._connect()
+        self.chat.refresh_history()
         self.pipelines.set_demos(demo_pipelines(demos_folder))
         self.pipelines.set_recent(self.settings.recent)
         self.devices_panel.select_machine(self.settings.topology_file)
@@ -209,8 +218,9 @@ class MainWindow(QMainWindow):
         bridge.plan_changed.connect(self._on_plan)
         bridge.execution_changed.connect(self.plan_panel.show_execution)
         bridge.run_started.connect(self.output.run_started)
+        bridge.run_started.connect(self.chat.run_started)
         bridge.audio_chunk.connect(self._on_audio)
-        bridge.text_chunk.connect(self.output.add_text)
+        bridge.text_chunk.connect(self._on_text)
         bridge.tensors_ready.connect(self.output.show_tensors)
         bridge.metrics_changed.connect(self.metrics_panel.show_metrics)
         bridge.run_finished.connect(self._on_finished)
@@ -220,6 +230,9 @@ class MainWindow(QMainWindow):
         self.serve_panel.serve_toggled.connect(self._on_serve_toggled)
         bridge.shut_down.connect(self._on_shut_down)
         self.banner.action_triggered.connect(self._on_banner_action)
+        self.chat.submit_requested.connect(self._send_chat)
+        self.chat.stop_requested.connect(lambda: self.bridge.cancel(keep_loaded=True))
+        self.chat.problem.connect(self.banner.show_error)
         self.pipelines.pipeline_chosen.connect(self.open_path)
         self.pipelines.open_requested.connect(self.choose_file)
         self.run_pane.tensor_inputs.replace_requested.connect(self.choose_inputs)
@@ -256,8 +269,17 @@ class MainWindow(QMainWindow):
         if path:
             self.open_path(path)
 
+    @property
+    def chat_mode(self) -> bool:
+        """The open pipeline is a chat pipeline: the conversation view sends its requests."""
+        info = self.bridge.pipeline
+        return info is not None and info.chat
+
     def run(self) -> None:
         if not self.bridge.state.can_run:
+            return
+        if self.chat_mode:
+            self.chat.send()
             return
         self.banner.dismiss()
         self.output.new_run()
@@ -265,7 +287,15 @@ class MainWindow(QMainWindow):
         self.bridge.run(self.run_pane.request_input())
 
     def cancel(self) -> None:
-        self.bridge.cancel()
+        # Stopping a reply keeps the model loaded for the next turn.
+        self.bridge.cancel(keep_loaded=self.chat_mode)
+
+    def _send_chat(self, request: object) -> None:
+        self.banner.dismiss()
+        self.output.new_run()
+        self.metrics_panel.clear()
+        if not self.bridge.run(request):
+            self.chat.submission_refused()
 
     def choose_inputs(self) -> None:
         info = self.bridge.pipeline
@@ -340,6 +370,7 @@ class MainWindow(QMainWindow):
         self.unload_action.setEnabled(state is RunState.LOADED)
         self.open_action.setEnabled(not state.busy)
         self.run_pane.set_state(state)
+        self.chat.set_state(state)
         info = self.bridge.pipeline
         name = "" if info is None else f"{info.name}: "
         self.state_label.setText(f"{name}{state.value}")
@@ -378,6 +409,12 @@ class MainWindow(QMainWindow):
         self.output.new_run()
         self.output.status.set_status("no run yet", "#6b7785")
         self.output.show_streams(info.input_kind is InputKind.TEXT)
+        # A chat pipeline's text goes to the conversation view; its audio (chat-speak) shows
+        # the output's waveform and playback controls once the first chunk arrives.
+        self.chat.setVisible(info.chat)
+        self.output.setVisible(not info.chat)
+        if info.chat:
+            self.chat.set_pipeline(info.name)
         self._fit_run_pane()
         self.metrics_panel.clear()
         self.settings.last_pipeline = (
@@ -397,7 +434,15 @@ class MainWindow(QMainWindow):
         self.run_pane.show_plan(plan)
         self.plan_panel.show_plan(plan)
 
+    def _on_text(self, chunk: TextChunk) -> None:
+        if self.chat_mode:
+            self.chat.add_text(chunk)
+        else:
+            self.output.add_text(chunk)
+
     def _on_audio(self, chunk: ReceivedAudio) -> None:
+        if self.chat_mode and self.output.isHidden():
+            self.output.show()
         try:
             self.output.add_audio(chunk)
         except ValueError as exc:
@@ -407,6 +452,7 @@ class MainWindow(QMainWindow):
 
     def _on_finished(self, outcome: RunOutcome) -> None:
         self.output.finished(outcome.status, outcome.message)
+        self.chat.finished(outcome)
 
     def _on_banner_action(self, action: ErrorAction) -> None:
         panels = {

@@ -167,7 +167,7 @@ class RunPane(QWidget):
         buttons.addStretch(1)
         buttons.addWidget(QLabel("State:"))
         buttons.addWidget(self.state_chip)
-        inputs_title = QLabel("Inputs")
+        self.inputs_title = inputs_title = QLabel("Inputs")
         bold = inputs_title.font()
         bold.setBold(True)
         inputs_title.setFont(bold)
@@ -204,7 +204,11 @@ class RunPane(QWidget):
             f"{info.description}\nStages: {stages}" if info.description else f"Stages: {stages}"
         )
         text = info.input_kind is InputKind.TEXT
-        self.text_input.setVisible(text)
+        # A chat pipeline's input is the conversation view's message, sent from there.
+        self.inputs_title.setVisible(not info.chat)
+        self.run_button.setVisible(not info.chat)
+        self.cancel_button.setVisible(not info.chat)
+        self.text_input.setVisible(text and not info.chat)
         self.tensor_inputs.setVisible(not text)
         if text:
             self.text_input.setPlainText(info.example_text)

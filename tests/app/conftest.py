@@ -26,14 +26,17 @@ from tests.workers.support import make_loop_bundle
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LIBJACK_METADATA = Path("/dev/shm") / f"jack_db-{os.getuid()}"
+#: Test modules of the studio's Qt-free modules.
+QT_FREE_TESTS = ("test_presenters", "test_conversations")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every studio test drives real Qt widgets, except the presenters' (no QApplication)."""
+    """Every studio test drives real Qt widgets, except the Qt-free modules' (presenters,
+    conversations: no QApplication)."""
     here = Path(__file__).parent
     for item in items:
         path = Path(str(item.fspath))
-        if here in path.parents and not path.name.startswith("test_presenters"):
+        if here in path.parents and not path.name.startswith(QT_FREE_TESTS):
             item.add_marker(pytest.mark.gui)
 
 

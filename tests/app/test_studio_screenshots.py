@@ -11,14 +11,23 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from PySide6.QtGui import QImage
 
+from tests.helpers.voice import export_once
 from tests.runtime.engine.support import StageSpec, write_pipeline
+from tests.runtime.vllm.conftest import smollm2_model, vllm_env
+
+if TYPE_CHECKING:
+    from runtime.envs import EnvInfo
+
+__all__ = ["smollm2_model", "vllm_env"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("studio_screenshots.py")
+CHAT_SPEAK = REPO_ROOT / "assets" / "pipelines" / "chat-speak.yaml"
 EXPECTED = (
     "main-window-running.png",
     "main-window-result.png",
@@ -82,14 +91,86 @@ def test_screenshots_of_the_window_during_a_run_and_of_each_panel(
     assert result.returncode == 0, result.stdout + result.stderr
     assert sorted(result.stdout.split()) == sorted(EXPECTED)
     for name in EXPECTED:
-        image = QImage(str(out / name))
-        assert not image.isNull(), name
-        assert image.width() >= 400
-        assert image.height() >= 300
-        # Not a blank capture: a real window has many distinct colours.
-        colours = {
-            image.pixel(x, y)
-            for x in range(0, image.width(), 7)
-            for y in range(0, image.height(), 7)
+        assert_real_capture(out / name)
+
+
+def assert_real_capture(path: Path) -> None:
+    image = QImage(str(path))
+    assert not image.isNull(), path.name
+    assert image.width() >= 400
+    assert image.height() >= 300
+    # Not a blank capture: a real window has many distinct colours.
+    colours = {
+        image.pixel(x, y) for x in range(0, image.width(), 7) for y in range(0, image.height(), 7)
+    }
+    assert len(colours) > 20, path.name
+
+
+CHAT_SCRIPT = Path(__file__).with_name("chat_screenshots.py")
+CHAT_EXPECTED = ("chat-view-streaming.png", "chat-view.png", "chat-speak.png")
+
+
+# Slow: two language-model pipelines start (minutes); `make screenshots` and `make slow` run it.
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.timeout(1800)
+def test_screenshots_of_the_conversation_view(
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    vllm_env: EnvInfo,
+    smollm2_model: Path,
+) -> None:
+    """The built-in assistant answering in the conversation view, and chat-speak speaking."""
+    out = Path(os.environ.get("OMNI_EDGE_SCREENSHOTS", tmp_path / "screenshots"))
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "envs").symlink_to(vllm_env.path.parent, target_is_directory=True)
+    (data / "models").symlink_to(smollm2_model.parent, target_is_directory=True)
+    voices = export_once(tmp_path_factory).data_dir / "voices"
+    (data / "voices").symlink_to(voices, target_is_directory=True)
+    chat = tmp_path / "assistant.yaml"
+    chat.write_text(
+        """\
+pipeline: assistant
+description: SmolLM2-135M-Instruct alone, answering in the conversation view.
+async_chunk: false
+stages:
+  - stage_id: 0
+    backend:
+      name: native.vllm.v1
+      model: smollm2-135m-instruct
+      engine: {dtype: bfloat16, max_model_len: 2048, max_num_seqs: 2,
+               kv_cache_memory_bytes: 128MiB, enforce_eager: true, seed: 0}
+      sampling: {max_tokens: 96, temperature: 0.0}
+      route: {name: local-vllm, interpreter: env:vllm-cpu}
+    resource_budget:
+      capacities: {machine:ram: 6GiB}
+      demands: {machine:ram: 3GiB}
+""",
+        encoding="utf-8",
+    )
+    xvfb, display = _start_xvfb()
+    try:
+        environment = {
+            **os.environ,
+            "DISPLAY": display,
+            "QT_QPA_PLATFORM": "xcb",
+            "OMNI_EDGE_DATA_DIR": str(data),
         }
-        assert len(colours) > 20, name
+        result = subprocess.run(
+            [sys.executable, str(CHAT_SCRIPT), str(out), str(chat), str(CHAT_SPEAK)],
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=1500,
+            check=False,
+        )
+    finally:
+        xvfb.terminate()
+        xvfb.wait(10)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert sorted(result.stdout.split()) == sorted(CHAT_EXPECTED)
+    for name in CHAT_EXPECTED:
+        assert_real_capture(out / name)
+    # The conversations were saved in the user data folder the window was given.
+    assert len(list((data / "conversations").glob("*.json"))) == 3

