@@ -215,6 +215,7 @@ def test_the_suite_declares_every_figure_of_the_issue() -> None:
         "vllm.ttft",
         "vllm.tokens_per_s",
         "studio.stall_p99",
+        "studio.real_time_factor",
         "serve.latency_p50",
         "serve.latency_p99",
         "serve.answered",
