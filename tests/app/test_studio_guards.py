@@ -42,10 +42,11 @@ def test_the_thread_guard_reports_a_python_thread_left_running() -> None:
     release = threading.Event()
     worker = threading.Thread(target=release.wait, args=(30,), name="left-behind")
     worker.start()
-    assert running_threads([], before, grace_ms=50) == ["thread left-behind"]
+    # Threads an earlier test's cleanup still runs may be listed too: only this one is ours.
+    assert "thread left-behind" in running_threads([], before, grace_ms=50)
     release.set()
     worker.join(5)
-    assert running_threads([], before, grace_ms=50) == []
+    assert "thread left-behind" not in running_threads([], before, grace_ms=50)
 
 
 class _Emitter(QObject):
