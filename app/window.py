@@ -48,6 +48,7 @@ from app.widgets.pipelines import PipelinesPane, droppable_paths
 from app.widgets.plan import PlanPanel
 from app.widgets.run_pane import RunPane
 from app.widgets.serve import ServePanel
+from app.window_models import MyPipelinesHook
 
 APP_TITLE = "Omni Edge Studio"
 PANELS = ("devices", "plan", "manifest", "metrics", "log", "serve")
@@ -149,6 +150,7 @@ class MainWindow(QMainWindow):
         self._connect()
         self.pipelines.set_demos(demo_pipelines(demos_folder))
         self.pipelines.set_recent(self.settings.recent)
+        self.my_pipelines = MyPipelinesHook(self, self.add_model_action)
         self.devices_panel.select_machine(self.settings.topology_file)
         self.output.playback.preferred_device = self.settings.audio_device
         self.resize(DEFAULT_SIZE)
@@ -166,6 +168,10 @@ class MainWindow(QMainWindow):
         self.open_action = QAction("&Open pipeline or manifest…", self)
         self.open_action.setShortcut(QKeySequence.StandardKey.Open)
         self.open_action.triggered.connect(self.choose_file)
+        self.add_model_action = QAction("&Add model…", self)
+        self.add_model_action.setToolTip(
+            "Make an ONNX file, a GGUF file or a Hugging Face model folder into a pipeline"
+        )
         self.quit_action = QAction("&Quit", self)
         self.quit_action.setShortcut(QKeySequence.StandardKey.Quit)
         self.quit_action.triggered.connect(self.close)
@@ -185,6 +191,7 @@ class MainWindow(QMainWindow):
         menu = self.menuBar()
         file_menu = menu.addMenu("&File")
         file_menu.addAction(self.open_action)
+        file_menu.addAction(self.add_model_action)
         file_menu.addSeparator()
         file_menu.addAction(self.quit_action)
         run_menu = menu.addMenu("&Run")
@@ -464,6 +471,9 @@ class MainWindow(QMainWindow):
         self.settings.sync()
 
     def closeEvent(self, event: QCloseEvent) -> None:
+        if self.my_pipelines.defer_close():
+            event.ignore()
+            return
         if self.bridge.state is not RunState.CLOSED:
             # Shut the runtime down first (cancel, retire workers); close again when it is done.
             event.ignore()
