@@ -202,7 +202,7 @@ class AddModelDialog(QDialog):
             return False
         self.error_label.setVisible(False)
         self.log.clear()
-        self.log.setVisible(True)
+        self.log.setVisible(False)
         if not self.imports.start(request):
             return False
         self.step_label.setText(f"adding {request.source.name}…")
@@ -226,13 +226,13 @@ class AddModelDialog(QDialog):
         self._update_fields()
 
     def _on_progress(self, line: str) -> None:
+        self.log.setVisible(True)
         self.log.appendPlainText(line)
         if not line.startswith(" ") and not self.imports.cancelling:
             self.step_label.setText(line)
 
     def _on_finished(self, outcome: ImportOutcome) -> None:
         self._set_running(False)
-        self.log.appendPlainText(outcome.message)
         if outcome.made is not None:
             self.step_label.setText(outcome.message)
             self.added.emit(outcome.made)
@@ -243,6 +243,7 @@ class AddModelDialog(QDialog):
             return
         if outcome.status == "cancelled":
             self.step_label.setText(f"Cancelled: {outcome.message}.")
+            self.log.appendPlainText(outcome.message)
             return
         self.step_label.setText("The model was not added.")
         self.show_error(outcome.message)
