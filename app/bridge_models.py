@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Qt, QThread, Signal
 
-from app.my_pipelines import ImportOutcome, ImportRequest, entry_of, pipelines_root, remove_entry
+from app.my_pipelines import ImportRequest, JobOutcome, entry_of, pipelines_root, remove_entry
 from runtime.errors import OmniError
 from runtime.model_import import ModelImportError, import_model, list_my_pipelines
 
@@ -34,14 +34,16 @@ if TYPE_CHECKING:
 CANCELLED = "cancelled; nothing was kept"
 
 
-class ImportCancelled(Exception):
-    """Raised from the import's progress callback once Cancel was pressed."""
+class Cancelled(Exception):
+    """Raised from a long job's progress callback once Cancel was pressed."""
 
 
-class _ImportThread(QThread):
-    def __init__(self, job: Callable[[], None], parent: QObject) -> None:
+class WorkThread(QThread):
+    """Runs one long job (an import, making an environment) beside the GUI thread."""
+
+    def __init__(self, name: str, job: Callable[[], None], parent: QObject) -> None:
         super().__init__(parent)
-        self.setObjectName("omni-studio-model-import")
+        self.setObjectName(name)
         self._job = job
 
     def run(self) -> None:
@@ -49,7 +51,7 @@ class _ImportThread(QThread):
 
 
 class ModelImports(QObject):
-    """One import at a time, off the GUI thread; ``finished`` carries an ImportOutcome.
+    """One import at a time, off the GUI thread; ``finished`` carries an JobOutcome.
 
     ``root`` is where made pipelines go (default: the user data folder's ``pipelines``);
     ``python`` converts GGUF files (default: the ``vllm-cpu`` environment's, created when
@@ -57,7 +59,7 @@ class ModelImports(QObject):
     """
 
     progress = Signal(str)
-    finished = Signal(object)  # ImportOutcome
+    finished = Signal(object)  # JobOutcome
     busy_changed = Signal(bool)
 
     _done = Signal(object)
@@ -72,7 +74,7 @@ class ModelImports(QObject):
         super().__init__(parent)
         self.root = root
         self.python = python
-        self._thread: _ImportThread | None = None
+        self._thread: WorkThread | None = None
         self._cancel = threading.Event()
         self._done.connect(self._on_done, Qt.ConnectionType.QueuedConnection)
 
@@ -89,7 +91,9 @@ class ModelImports(QObject):
         if self._thread is not None:
             return False
         self._cancel = threading.Event()
-        thread = _ImportThread(partial(self._import, request, self._cancel), self)
+        thread = WorkThread(
+            "omni-studio-model-import", partial(self._import, request, self._cancel), self
+        )
         self._thread = thread
         self.busy_changed.emit(True)
         thread.start()
@@ -110,7 +114,7 @@ class ModelImports(QObject):
 
         def progress(line: str) -> None:
             if cancel.is_set():
-                raise ImportCancelled
+                raise Cancelled
             self.progress.emit(line)
 
         try:
@@ -123,22 +127,22 @@ class ModelImports(QObject):
                 progress=progress,
                 python=self.python,
             )
-        except ImportCancelled:
+        except Cancelled:
             # The import removed what it had begun; its last line comes after the pipeline
             # is in place, so a pipeline of this source that was not here before goes too.
             _remove_new(root, before, request.source)
-            outcome = ImportOutcome("cancelled", CANCELLED)
+            outcome = JobOutcome("cancelled", CANCELLED)
         except (OmniError, OSError) as exc:
-            outcome = ImportOutcome("failed", str(exc))
+            outcome = JobOutcome("failed", str(exc))
         except Exception as exc:  # noqa: BLE001 - reported in the dialog, never lost in a thread
-            outcome = ImportOutcome("failed", f"{type(exc).__name__}: {exc}")
+            outcome = JobOutcome("failed", f"{type(exc).__name__}: {exc}")
         else:
-            outcome = ImportOutcome("made", f"made {made.pipeline}", entry_of(made))
+            outcome = JobOutcome("made", f"made {made.pipeline}", entry_of(made))
         self._done.emit(outcome)
 
     # -- GUI thread ------------------------------------------------------------------------
 
-    def _on_done(self, outcome: ImportOutcome) -> None:
+    def _on_done(self, outcome: JobOutcome) -> None:
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.wait()  # run() has returned or is returning: this emit was its last act
@@ -148,9 +152,9 @@ class ModelImports(QObject):
             # Cancel came after the import's last step: what it made goes.
             try:
                 remove_entry(made.name, self.root)
-                outcome = ImportOutcome("cancelled", CANCELLED)
+                outcome = JobOutcome("cancelled", CANCELLED)
             except (ModelImportError, OSError) as exc:
-                outcome = ImportOutcome("failed", f"cancelled, but {made.path.parent} stays: {exc}")
+                outcome = JobOutcome("failed", f"cancelled, but {made.path.parent} stays: {exc}")
         self.busy_changed.emit(False)
         self.finished.emit(outcome)
 

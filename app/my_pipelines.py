@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from runtime.model_import import ImportedPipeline
 
 __all__ = [
-    "ImportOutcome",
     "ImportRequest",
+    "JobOutcome",
     "MyPipeline",
     "SourceKind",
     "entry_of",
@@ -112,8 +112,9 @@ class ImportRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class ImportOutcome:
-    """How an import ended: ``made`` (with the pipeline), ``failed`` or ``cancelled``."""
+class JobOutcome:
+    """How a long job (an import, making what a pipeline needs) ended: ``made`` (an import's
+    with the pipeline), ``failed`` or ``cancelled``."""
 
     status: str
     message: str

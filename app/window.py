@@ -49,6 +49,7 @@ from app.widgets.plan import PlanPanel
 from app.widgets.run_pane import RunPane
 from app.widgets.serve import ServePanel
 from app.window_models import MyPipelinesHook
+from app.window_setup import FirstUseHook
 
 APP_TITLE = "Omni Edge Studio"
 PANELS = ("devices", "plan", "manifest", "metrics", "log", "serve")
@@ -151,6 +152,7 @@ class MainWindow(QMainWindow):
         self.pipelines.set_demos(demo_pipelines(demos_folder))
         self.pipelines.set_recent(self.settings.recent)
         self.my_pipelines = MyPipelinesHook(self, self.add_model_action)
+        self.first_use = FirstUseHook(self)
         self.devices_panel.select_machine(self.settings.topology_file)
         self.output.playback.preferred_device = self.settings.audio_device
         self.resize(DEFAULT_SIZE)
@@ -264,7 +266,7 @@ class MainWindow(QMainWindow):
             self.open_path(path)
 
     def run(self) -> None:
-        if not self.bridge.state.can_run:
+        if not self.bridge.state.can_run or self.first_use.offer_before_run():
             return
         self.banner.dismiss()
         self.output.new_run()
@@ -471,7 +473,7 @@ class MainWindow(QMainWindow):
         self.settings.sync()
 
     def closeEvent(self, event: QCloseEvent) -> None:
-        if self.my_pipelines.defer_close():
+        if any([self.my_pipelines.defer_close(), self.first_use.defer_close()]):
             event.ignore()
             return
         if self.bridge.state is not RunState.CLOSED:

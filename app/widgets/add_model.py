@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.my_pipelines import ImportOutcome, ImportRequest, SourceKind, source_kind
+from app.my_pipelines import ImportRequest, JobOutcome, SourceKind, source_kind
 from app.widgets.common import BAD, NEUTRAL, monospace, section_title
 
 if TYPE_CHECKING:
@@ -231,7 +231,7 @@ class AddModelDialog(QDialog):
         if not line.startswith(" ") and not self.imports.cancelling:
             self.step_label.setText(line)
 
-    def _on_finished(self, outcome: ImportOutcome) -> None:
+    def _on_finished(self, outcome: JobOutcome) -> None:
         self._set_running(False)
         if outcome.made is not None:
             self.step_label.setText(outcome.message)
