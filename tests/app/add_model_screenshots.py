@@ -4,8 +4,10 @@
 
 Makes ``MODEL.onnx`` into one of My pipelines through the dialog and writes ``my-pipelines.png``
 (the window with it listed and opened), then tries ``BROKEN.onnx`` and writes
-``add-model-dialog.png`` (the dialog with the import's lines and the runtime's refusal). The
-user data folder is ``OMNI_EDGE_DATA_DIR``; prints the file names.
+``add-model-dialog.png`` (the dialog with the runtime's refusal), then presses Run on a
+pipeline of the built-in assistant and writes ``first-use-offer.png`` (the offer to make the
+vllm-cpu environment and the model; nothing is made). The user data folder is
+``OMNI_EDGE_DATA_DIR`` (with neither); prints the file names.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import sys
 import tempfile
 from pathlib import Path
+
+import yaml
 
 if __package__ in (None, ""):
     sys.path[0] = str(Path(__file__).resolve().parents[2])
@@ -25,6 +29,26 @@ from app.settings import StudioSettings
 from app.theme import follow_system_scheme
 from app.window import MainWindow
 from tests.app.studio_screenshots import TIMEOUT_S, grab, settle
+
+ASSISTANT = {
+    "pipeline": "assistant",
+    "description": "The built-in assistant.",
+    "async_chunk": False,
+    "stages": [
+        {
+            "stage_id": 0,
+            "backend": {
+                "name": "native.vllm.v1",
+                "model": "smollm2-135m-instruct",
+                "route": {"name": "local-vllm", "interpreter": "env:vllm-cpu"},
+            },
+            "resource_budget": {
+                "capacities": {"machine:ram": "3GiB"},
+                "demands": {"machine:ram": "3GiB"},
+            },
+        }
+    ],
+}
 
 
 def grab_top(widget: QWidget, path: Path) -> None:
@@ -85,6 +109,28 @@ def main(out: Path, model: Path, broken: Path) -> int:
         settle(0.3)
         grab_top(dialog, out / "add-model-dialog.png")
         dialog.reject()
+
+        assistant = Path(folder) / "assistant.yaml"
+        assistant.write_text(yaml.safe_dump(ASSISTANT, sort_keys=False), encoding="utf-8")
+        window.open_path(assistant)
+        wait_until(
+            lambda: (
+                bridge.state is RunState.READY
+                and bridge.pipeline is not None
+                and bridge.pipeline.path == assistant
+            ),
+            [bridge.state_changed],
+            TIMEOUT_S,
+            "the assistant to open",
+        )
+        window.run()
+        offer = window.first_use.dialog
+        if offer is None:
+            raise SystemExit("Run made no offer")
+        offer.adjustSize()
+        settle(0.3)
+        grab_top(offer, out / "first-use-offer.png")
+        offer.reject()
 
         window.close()
         wait_until(

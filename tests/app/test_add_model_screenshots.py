@@ -1,4 +1,4 @@
-"""Screenshots of Add model… and My pipelines on a real X server (Xvfb, started here).
+"""Screenshots of Add model…, My pipelines and the first-use offer on a real X server (Xvfb, started here).
 
 Written to a temporary folder, or to ``OMNI_EDGE_SCREENSHOTS`` when set (``make screenshots``
 sets it to ``docs/screenshots/``).
@@ -17,7 +17,7 @@ from tests.app.test_studio_screenshots import _start_xvfb
 from tests.helpers.onnx_graphs import make_add_graph
 
 SCRIPT = Path(__file__).with_name("add_model_screenshots.py")
-EXPECTED = ("my-pipelines.png", "add-model-dialog.png")
+EXPECTED = ("my-pipelines.png", "add-model-dialog.png", "first-use-offer.png")
 
 
 def test_screenshots_of_add_model_and_my_pipelines(demo_root: Path, tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ left in the data folder; Cancel; the list kept across a restart; Remove."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -196,3 +197,31 @@ def test_my_pipelines_are_kept_across_a_restart_and_removed(
     assert not made.parent.exists()
     assert again.pipelines.mine_item("kept") is None
     assert not again.pipelines.remove_button.isEnabled()
+
+
+def test_a_model_folder_becomes_a_chat_pipeline_in_the_list(
+    qtbot: Any, make_window: Any, tmp_path: Path
+) -> None:
+    folder = tmp_path / "models" / "my-llama"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}), encoding="utf-8")
+    data = np.zeros(16, dtype=np.float32).tobytes()
+    header = json.dumps({"w": {"dtype": "F32", "shape": [16], "data_offsets": [0, len(data)]}})
+    (folder / "model.safetensors").write_bytes(
+        len(header).to_bytes(8, "little") + header.encode() + data
+    )
+    (folder / "tokenizer.json").write_text("{}", encoding="utf-8")
+    window = make_window()
+    dialog = _open_dialog(window)
+    dialog.set_source(folder)
+    assert "a Hugging Face model folder" in dialog.kind_label.text()
+    assert dialog.speak_check.isEnabled()
+    assert not dialog.inputs_edit.isEnabled()
+    with qtbot.waitSignal(window.bridge.pipeline_opened, timeout=60_000) as opened:
+        qtbot.mouseClick(dialog.add_button, Qt.MouseButton.LeftButton)
+    assert opened.args[0].path == _made_root(tmp_path) / "my-llama" / "pipeline.yaml"
+    item = window.pipelines.mine_item("my-llama")
+    assert item is not None
+    assert item.toolTip(0).startswith(f"chat, made from {folder}")
+    # The folder is referenced where it is, not copied.
+    assert _left(_made_root(tmp_path) / "my-llama") == ["import.json", "pipeline.yaml"]
