@@ -315,6 +315,7 @@ def run_self_test(
             bridge=RuntimeBridge(selection=DeviceSelection()),
             demos_folder=demos_folder,
         )
+        window.first_use.offers = False  # headless: nothing to answer an offer
         window.show()
         try:
             for path in demos:

@@ -6,12 +6,14 @@ and before closing (a job still running is cancelled first)."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject
 
 from app.bridge_setup import SetupJobs
 from app.first_use import SetupNeeds, setup_needs
+from app.models import RunState
 from app.widgets.setup_offer import SetupDialog
 
 if TYPE_CHECKING:
@@ -19,18 +21,25 @@ if TYPE_CHECKING:
 
 
 class FirstUseHook(QObject):
+    """``offers``: False runs without asking, as the headless self-test does (the run then
+    fails with the runtime's message, or builds the model when its stage starts)."""
+
     def __init__(self, window: MainWindow) -> None:
         super().__init__(window)
         self.window = window
+        self.offers = True
         self.jobs = SetupJobs(parent=self)
         self.dialog: SetupDialog | None = None
         self._close_pending = False
 
     def needs(self) -> SetupNeeds | None:
         """What the open pipeline needs made before it can run, if anything."""
-        info = self.window.bridge.pipeline
-        if info is None or info.origin != "pipeline":
+        bridge = self.window.bridge
+        info = bridge.pipeline
+        if not self.offers or info is None or info.origin != "pipeline":
             return None
+        if bridge.state is RunState.LOADED:
+            return None  # its stages run already
         jobs = self.jobs
         return setup_needs(
             info.path, env_root=jobs.env_root, recipes=jobs.recipes, model_dir=jobs.model_dir
@@ -45,19 +54,21 @@ class FirstUseHook(QObject):
         if needs is None:
             return False
         dialog = SetupDialog(self.jobs, needs, self.window)
-        dialog.ready.connect(self._ready)
-        dialog.finished.connect(self._dialog_closed)
+        dialog.ready.connect(partial(self._ready, dialog))
+        dialog.finished.connect(partial(self._dialog_closed, dialog))
         self.dialog = dialog
         dialog.open()
         return True
 
-    def _dialog_closed(self, _result: int) -> None:
-        dialog, self.dialog = self.dialog, None
-        if dialog is not None:
-            dialog.deleteLater()
+    def _dialog_closed(self, dialog: SetupDialog, _result: int) -> None:
+        if self.dialog is dialog:
+            self.dialog = None
+        dialog.deleteLater()
 
-    def _ready(self) -> None:
-        self.dialog = None
+    def _ready(self, dialog: SetupDialog) -> None:
+        """All is made: run (the offer closes right after)."""
+        if self.dialog is dialog:
+            self.dialog = None
         self.window.run()
 
     def defer_close(self) -> bool:
