@@ -225,3 +225,23 @@ def test_a_model_folder_becomes_a_chat_pipeline_in_the_list(
     assert item.toolTip(0).startswith(f"chat, made from {folder}")
     # The folder is referenced where it is, not copied.
     assert _left(_made_root(tmp_path) / "my-llama") == ["import.json", "pipeline.yaml"]
+
+
+def test_closing_the_window_during_an_import_cancels_it_and_keeps_nothing(
+    qtbot: Any, make_window: Any, tmp_path: Path
+) -> None:
+    window = make_window()
+    graph, inputs, _arrays = _adder(tmp_path)
+    dialog = _open_dialog(window)
+    dialog.set_source(graph)
+    dialog.inputs_edit.setText(str(inputs))
+    dialog.add_button.click()
+    imports = window.my_pipelines.imports
+    assert imports.busy
+    with qtbot.waitSignal(window.bridge.shut_down, timeout=60_000):
+        window.close()
+        # The window waits for the import to end before its runtime shuts down.
+        assert window.bridge.state is not RunState.CLOSING
+        assert imports.cancelling
+    assert not imports.busy
+    assert _left(_made_root(tmp_path)) == []

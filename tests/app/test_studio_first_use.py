@@ -184,3 +184,22 @@ def test_a_model_that_cannot_be_made_is_reported_in_the_offer(
     assert not default_smollm2_dir().exists()
     assert window.bridge.state is RunState.READY
     dialog.reject()
+
+
+def test_closing_the_window_while_the_environment_is_made_leaves_nothing(
+    qtbot: Any, make_window: Any, tmp_path: Path
+) -> None:
+    recipes = _recipe(lines=2000, pause_s=0.05)
+    window = _window_on(qtbot, make_window, _assistant(tmp_path), recipes)
+    window.run_action.trigger()
+    dialog = window.first_use.dialog
+    assert dialog is not None
+    jobs = window.first_use.jobs
+    working: list[str] = []
+    jobs.progress.connect(lambda line: working.append(line) if "working" in line else None)
+    qtbot.mouseClick(dialog.create_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: bool(working), timeout=60_000)
+    with qtbot.waitSignal(window.bridge.shut_down, timeout=60_000):
+        window.close()
+    assert not jobs.busy
+    assert _made_envs(envs_root()) == []
