@@ -23,12 +23,14 @@ if TYPE_CHECKING:
     from runtime.model_import import ImportedPipeline
 
 __all__ = [
+    "KIND_LABELS",
     "ImportRequest",
     "JobOutcome",
     "MyPipeline",
     "SourceKind",
     "entry_of",
     "my_pipelines",
+    "pipelines_root",
     "remove_entry",
     "source_kind",
 ]
@@ -98,6 +100,7 @@ def remove_entry(name: str, root: Path | None = None) -> Path:
 
 
 def pipelines_root(root: Path | None = None) -> Path:
+    """Where made pipelines go: ``root``, or the user data folder's ``pipelines``."""
     return my_pipelines_dir() if root is None else root
 
 

@@ -71,8 +71,10 @@ class MyPipelinesHook(QObject):
             dialog.deleteLater()
 
     def _added(self, made: MyPipeline) -> None:
+        """List it, and open it unless a run is under way (it is in the list to open then)."""
         self.refresh()
-        self.window.open_path(made.path)
+        if not self.window.bridge.state.busy:
+            self.window.open_path(made.path)
 
     def remove(self, name: str, *, confirm: bool = True) -> bool:
         """Remove one of My pipelines (not while its stages are loaded or running)."""
