@@ -217,6 +217,15 @@ def test_a_model_folder_becomes_a_chat_pipeline_in_the_list(
     assert "a Hugging Face model folder" in dialog.kind_label.text()
     assert dialog.speak_check.isEnabled()
     assert not dialog.inputs_edit.isEnabled()
+    # What the dialog asks of the import: speech only for a language model, inputs only for
+    # an ONNX file.
+    dialog.inputs_edit.setText(str(tmp_path / "ignored.npz"))
+    dialog.speak_check.setChecked(True)
+    request = dialog.request()
+    assert request is not None
+    assert (request.source, request.inputs, request.speak) == (folder, None, True)
+    dialog.speak_check.setChecked(False)
+    dialog.inputs_edit.clear()
     with qtbot.waitSignal(window.bridge.pipeline_opened, timeout=60_000) as opened:
         qtbot.mouseClick(dialog.add_button, Qt.MouseButton.LeftButton)
     assert opened.args[0].path == _made_root(tmp_path) / "my-llama" / "pipeline.yaml"
