@@ -321,6 +321,7 @@ def run_self_test(
             # The user's saved conversations are neither listed nor added to.
             conversations=ConversationStore(Path(folder) / "conversations"),
         )
+        window.first_use.offers = False  # headless: nothing to answer an offer
         window.show()
         try:
             for path in demos:

@@ -51,6 +51,8 @@ from app.widgets.pipelines import PipelinesPane, droppable_paths
 from app.widgets.plan import PlanPanel
 from app.widgets.run_pane import RunPane
 from app.widgets.serve import ServePanel
+from app.window_models import MyPipelinesHook
+from app.window_setup import FirstUseHook
 
 APP_TITLE = "Omni Edge Studio"
 PANELS = ("devices", "plan", "manifest", "metrics", "log", "serve")
@@ -158,6 +160,8 @@ class MainWindow(QMainWindow):
         self.chat.refresh_history()
         self.pipelines.set_demos(demo_pipelines(demos_folder))
         self.pipelines.set_recent(self.settings.recent)
+        self.my_pipelines = MyPipelinesHook(self, self.add_model_action)
+        self.first_use = FirstUseHook(self)
         self.devices_panel.select_machine(self.settings.topology_file)
         self.output.playback.preferred_device = self.settings.audio_device
         self.resize(DEFAULT_SIZE)
@@ -175,6 +179,10 @@ class MainWindow(QMainWindow):
         self.open_action = QAction("&Open pipeline or manifest…", self)
         self.open_action.setShortcut(QKeySequence.StandardKey.Open)
         self.open_action.triggered.connect(self.choose_file)
+        self.add_model_action = QAction("&Add model…", self)
+        self.add_model_action.setToolTip(
+            "Make an ONNX file, a GGUF file or a Hugging Face model folder into a pipeline"
+        )
         self.quit_action = QAction("&Quit", self)
         self.quit_action.setShortcut(QKeySequence.StandardKey.Quit)
         self.quit_action.triggered.connect(self.close)
@@ -194,6 +202,7 @@ class MainWindow(QMainWindow):
         menu = self.menuBar()
         file_menu = menu.addMenu("&File")
         file_menu.addAction(self.open_action)
+        file_menu.addAction(self.add_model_action)
         file_menu.addSeparator()
         file_menu.addAction(self.quit_action)
         run_menu = menu.addMenu("&Run")
@@ -276,7 +285,7 @@ class MainWindow(QMainWindow):
         return info is not None and info.chat
 
     def run(self) -> None:
-        if not self.bridge.state.can_run:
+        if not self.bridge.state.can_run or self.first_use.offer_before_run():
             return
         if self.chat_mode:
             self.chat.send()
@@ -510,6 +519,9 @@ class MainWindow(QMainWindow):
         self.settings.sync()
 
     def closeEvent(self, event: QCloseEvent) -> None:
+        if any([self.my_pipelines.defer_close(), self.first_use.defer_close()]):
+            event.ignore()
+            return
         if self.bridge.state is not RunState.CLOSED:
             # Shut the runtime down first (cancel, retire workers); close again when it is done.
             event.ignore()

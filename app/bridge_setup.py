@@ -1,0 +1,142 @@
+"""The part of the bridge that makes what a pipeline needs before its first run: the managed
+environment of its language-model stage (:func:`runtime.envs.create_env`) and the built-in
+assistant's converted model (:func:`runtime.models.smollm2.ensure_smollm2_model`), on a thread
+of its own, with progress lines and the step count as Qt signals (the one hop into the GUI).
+
+Cancel is cooperative, as for imports (:mod:`app.bridge_models`): the progress callback raises
+once Cancel is pressed. Making an environment reports every line its steps print, so Cancel
+ends the running step's process group at its next line and the half-made environment is
+removed. The model's conversion is one process that reports nothing while it runs: Cancel
+takes effect when it ends, and the model, complete and verified by then, is kept.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from functools import partial
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import QObject, Qt, Signal
+
+from app.bridge_models import Cancelled, WorkThread
+from app.my_pipelines import JobOutcome
+from runtime.envs import RECIPES, create_env, env_python
+from runtime.errors import OmniError
+from runtime.models.marker import ModelBuildError
+from runtime.models.smollm2 import ensure_smollm2_model
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from pathlib import Path
+
+    from app.first_use import SetupNeeds
+    from runtime.envs import EnvRecipe
+
+#: ``[2/5] install ...``: the environment's step lines.
+STEP_LINE = re.compile(r"^\[(\d+)/(\d+)\] ")
+
+
+class SetupJobs(QObject):
+    """Makes one pipeline's SetupNeeds at a time; ``finished`` carries an JobOutcome
+    (``made``, ``failed`` or ``cancelled``; ``made`` is None for this job).
+
+    ``env_root``, ``recipes`` and ``model_dir`` are the defaults of the runtime (tests give
+    their own)."""
+
+    progress = Signal(str)
+    step = Signal(int)  # steps done so far, out of SetupNeeds.steps
+    finished = Signal(object)  # JobOutcome
+    busy_changed = Signal(bool)
+
+    _done = Signal(object)
+
+    def __init__(
+        self,
+        *,
+        env_root: Path | None = None,
+        recipes: Mapping[str, EnvRecipe] = RECIPES,
+        model_dir: Path | None = None,
+        parent: QObject | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.env_root = env_root
+        self.recipes = recipes
+        self.model_dir = model_dir
+        self._thread: WorkThread | None = None
+        self._cancel = threading.Event()
+        self._done.connect(self._on_done, Qt.ConnectionType.QueuedConnection)
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None
+
+    @property
+    def cancelling(self) -> bool:
+        return self.busy and self._cancel.is_set()
+
+    def start(self, needs: SetupNeeds) -> bool:
+        """Start making ``needs`` (GUI thread); False while another job runs."""
+        if self._thread is not None:
+            return False
+        self._cancel = threading.Event()
+        thread = WorkThread("omni-studio-setup", partial(self._make, needs, self._cancel), self)
+        self._thread = thread
+        self.busy_changed.emit(True)
+        thread.start()
+        return True
+
+    def cancel(self) -> bool:
+        """Ask the job to stop at its next line or step (GUI thread)."""
+        if self._thread is None or self._cancel.is_set():
+            return False
+        self._cancel.set()
+        return True
+
+    # -- the job's thread -------------------------------------------------------------------
+
+    def _make(self, needs: SetupNeeds, cancel: threading.Event) -> None:
+        def progress(line: str) -> None:
+            if cancel.is_set():
+                raise Cancelled
+            self.progress.emit(line)
+            found = STEP_LINE.match(line)
+            if found is not None:
+                self.step.emit(int(found.group(1)) - 1)
+
+        try:
+            if needs.create_env:
+                python = create_env(
+                    needs.env, progress=progress, root=self.env_root, recipes=self.recipes
+                ).python
+                self.step.emit(needs.env_steps)
+            else:
+                python = env_python(needs.env, root=self.env_root)
+            if needs.model is not None:
+                ensure_smollm2_model(python, out_dir=self.model_dir, progress=progress)
+                self.step.emit(needs.steps)
+        except Cancelled:
+            outcome = JobOutcome("cancelled", "cancelled; nothing half-made was kept")
+        except (OmniError, ModelBuildError, OSError) as exc:
+            outcome = JobOutcome("failed", str(exc))
+        except Exception as exc:  # noqa: BLE001 - reported in the dialog, never lost in a thread
+            outcome = JobOutcome("failed", f"{type(exc).__name__}: {exc}")
+        else:
+            if cancel.is_set():
+                outcome = JobOutcome(
+                    "cancelled",
+                    "cancelled after the last step had finished: what it made is complete and kept",
+                )
+            else:
+                outcome = JobOutcome("made", "ready to run")
+        self._done.emit(outcome)
+
+    # -- GUI thread ------------------------------------------------------------------------
+
+    def _on_done(self, outcome: JobOutcome) -> None:
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.wait()
+            thread.deleteLater()
+        self.busy_changed.emit(False)
+        self.finished.emit(outcome)
