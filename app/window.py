@@ -162,6 +162,7 @@ class MainWindow(QMainWindow):
         self.pipelines.set_recent(self.settings.recent)
         self.my_pipelines = MyPipelinesHook(self, self.add_model_action)
         self.first_use = FirstUseHook(self)
+        self.chat.before_send = self.first_use.offer_before_run
         self.devices_panel.select_machine(self.settings.topology_file)
         self.output.playback.preferred_device = self.settings.audio_device
         self.resize(DEFAULT_SIZE)

@@ -117,6 +117,8 @@ class ChatView(QWidget):
         self.pipeline = ""
         self.conversation = Conversation.new("")
         self.draft: ReplyDraft | None = None
+        #: Asked before a turn is sent: True when the send must wait (nothing is consumed).
+        self.before_send: Callable[[], bool] | None = None
         #: Text chunks the last finished reply arrived in.
         self.reply_chunks = 0
         #: Asked before the Delete button removes a conversation (its title -> go ahead).
@@ -253,6 +255,9 @@ class ChatView(QWidget):
         """Add the composer's text (or ``text``) as a user turn and ask for a reply."""
         message = self.composer.toPlainText() if text is None else text
         if not message.strip() or self.draft is not None or not self._state.can_run:
+            return False
+        if self.before_send is not None and self.before_send():
+            # Something must be made first (the window's first-use offer); the text waits.
             return False
         conversation = self.conversation.with_system(self.system_prompt.toPlainText())
         self.conversation = conversation.with_user(message.strip())

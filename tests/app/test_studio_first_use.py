@@ -106,10 +106,13 @@ def test_run_offers_to_make_the_environment_then_runs(
     folder.mkdir(parents=True)
     (folder / MARKER_NAME).write_text("{}", encoding="utf-8")
     window = _window_on(qtbot, make_window, _assistant(tmp_path), recipes)
+    # A chat pipeline: Run sends the conversation view's turn once all is made.
+    window.chat.composer.setPlainText("Hello.")
     window.run_action.trigger()
     dialog = window.first_use.dialog
     assert dialog is not None
     assert dialog.isVisible()
+    assert window.chat.composer.toPlainText() == "Hello."
     assert f"the {ENV} environment" in dialog.needs_label.text()
     assert SMOLLM2_MODEL not in dialog.needs_label.text()
     assert window.bridge.state is RunState.READY  # nothing started
@@ -203,3 +206,22 @@ def test_closing_the_window_while_the_environment_is_made_leaves_nothing(
         window.close()
     assert not jobs.busy
     assert _made_envs(envs_root()) == []
+
+
+def test_sending_a_chat_turn_offers_first_and_keeps_the_text(
+    qtbot: Any, make_window: Any, tmp_path: Path
+) -> None:
+    recipes = _recipe(lines=1, pause_s=0.0)
+    window = _window_on(qtbot, make_window, _assistant(tmp_path), recipes)
+    assert window.chat_mode
+    window.chat.composer.setPlainText("What is the capital of France?")
+    qtbot.mouseClick(window.chat.send_button, Qt.MouseButton.LeftButton)
+    dialog = window.first_use.dialog
+    assert dialog is not None
+    assert dialog.isVisible()
+    # Nothing was sent: the turn waits in the composer until what is missing is made.
+    assert window.chat.composer.toPlainText() == "What is the capital of France?"
+    assert window.chat.draft is None
+    assert window.bridge.state is RunState.READY
+    dialog.reject()
+    qtbot.waitUntil(lambda: window.first_use.dialog is None, timeout=5_000)

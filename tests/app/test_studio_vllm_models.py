@@ -105,11 +105,14 @@ def test_a_gguf_file_added_in_the_studio_answers_in_the_window(
     assert item.toolTip(0).startswith("chat, made from ")
 
     wait_state(qtbot, window, RunState.READY)
-    window.run_pane.text_input.setPlainText(QUESTION)
+    # A chat pipeline: the question goes in as a turn of the conversation view.
+    assert window.chat_mode
+    window.chat.composer.setPlainText(QUESTION)
     with qtbot.waitSignal(window.bridge.run_finished, timeout=START_TIMEOUT_S * 1000) as finished:
         window.run_action.trigger()
     assert finished.args[0].status == "completed", finished.args[0]
-    reply = window.output.text_view.toPlainText()
+    reply = window.chat.conversation.last_reply
+    assert reply is not None
     assert "Paris" in reply, reply
 
 
@@ -180,7 +183,8 @@ def test_first_use_converts_the_built_in_assistant_then_answers(
     window = make_window()
     open_pipeline(qtbot, window, pipeline)
     wait_state(qtbot, window, RunState.READY)
-    window.run_pane.text_input.setPlainText(QUESTION)
+    assert window.chat_mode
+    window.chat.composer.setPlainText(QUESTION)
     window.run_action.trigger()
     dialog = window.first_use.dialog
     assert dialog is not None
@@ -190,5 +194,6 @@ def test_first_use_converts_the_built_in_assistant_then_answers(
         qtbot.mouseClick(dialog.create_button, Qt.MouseButton.LeftButton)
     assert finished.args[0].status == "completed", finished.args[0]
     assert smollm2_ready(default_smollm2_dir())
-    reply = window.output.text_view.toPlainText()
+    reply = window.chat.conversation.last_reply
+    assert reply is not None
     assert "Paris" in reply, reply
