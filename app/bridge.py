@@ -13,9 +13,9 @@ sink (:meth:`RuntimeBridge.set_audio_sink`, the studio's ``AudioOutput``), each 
 for playback on the runtime thread that delivered it, before the GUI sees it; the GUI then
 only draws it (``ReceivedAudio.queued``).
 
-Two parts of the bridge live in their own modules: the device selection and topology
-(:mod:`app.bridge_devices`, a mixin) and the Serve switch (:mod:`app.bridge_serving`, whose
-server reports through the bridge's ``post``).
+Four parts of the bridge live in their own modules: the device selection and topology
+(:mod:`app.bridge_devices`), the Serve switch (:mod:`app.bridge_serving`), the imports of My
+pipelines (:mod:`app.bridge_models`) and the first-use setup (:mod:`app.bridge_setup`).
 
 State that belongs to the GUI (``state``, the current request) is touched only on the GUI
 thread; state that belongs to the runtime (the orchestrator) only in control jobs, which
