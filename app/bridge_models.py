@@ -50,13 +50,11 @@ class WorkThread(QThread):
         self._job()
 
 
-class ModelImports(QObject):
-    """One import at a time, off the GUI thread; ``finished`` carries an JobOutcome.
-
-    ``root`` is where made pipelines go (default: the user data folder's ``pipelines``);
-    ``python`` converts GGUF files (default: the ``vllm-cpu`` environment's, created when
-    missing).
-    """
+class CancellableJobs(QObject):
+    """One long job at a time on a :class:`WorkThread`, cancelled cooperatively: the job's
+    progress callback raises :class:`Cancelled` once :meth:`cancel` was called. The job ends by
+    emitting ``_done`` with its JobOutcome; :meth:`_on_done` (GUI thread) reaps the thread and
+    emits ``busy_changed`` and ``finished``."""
 
     progress = Signal(str)
     finished = Signal(object)  # JobOutcome
@@ -64,16 +62,8 @@ class ModelImports(QObject):
 
     _done = Signal(object)
 
-    def __init__(
-        self,
-        *,
-        root: Path | None = None,
-        python: Path | None = None,
-        parent: QObject | None = None,
-    ) -> None:
+    def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
-        self.root = root
-        self.python = python
         self._thread: WorkThread | None = None
         self._cancel = threading.Event()
         self._done.connect(self._on_done, Qt.ConnectionType.QueuedConnection)
@@ -86,37 +76,75 @@ class ModelImports(QObject):
     def cancelling(self) -> bool:
         return self.busy and self._cancel.is_set()
 
-    def start(self, request: ImportRequest) -> bool:
-        """Start importing ``request`` (GUI thread); False while another import runs."""
+    def _launch(self, name: str, job: Callable[[threading.Event], None]) -> bool:
+        """Run ``job(cancel_event)`` on a thread of its own; False while another job runs."""
         if self._thread is not None:
             return False
         self._cancel = threading.Event()
-        thread = WorkThread(
-            "omni-studio-model-import", partial(self._import, request, self._cancel), self
-        )
+        thread = WorkThread(name, partial(job, self._cancel), self)
         self._thread = thread
         self.busy_changed.emit(True)
         thread.start()
         return True
 
     def cancel(self) -> bool:
-        """Ask the running import to stop at its next step (GUI thread)."""
+        """Ask the running job to stop at its next progress line (GUI thread)."""
         if self._thread is None or self._cancel.is_set():
             return False
         self._cancel.set()
         return True
+
+    def _progress_until_cancelled(self, cancel: threading.Event) -> Callable[[str], None]:
+        def progress(line: str) -> None:
+            if cancel.is_set():
+                raise Cancelled
+            self.progress.emit(line)
+
+        return progress
+
+    def _settled(self, outcome: JobOutcome) -> JobOutcome:
+        """What a finished job reports (subclasses may change it); on the GUI thread."""
+        return outcome
+
+    def _on_done(self, outcome: JobOutcome) -> None:
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.wait()  # run() has returned or is returning: this emit was its last act
+            thread.deleteLater()
+        outcome = self._settled(outcome)
+        self.busy_changed.emit(False)
+        self.finished.emit(outcome)
+
+
+class ModelImports(CancellableJobs):
+    """One import at a time, off the GUI thread; ``finished`` carries an JobOutcome.
+
+    ``root`` is where made pipelines go (default: the user data folder's ``pipelines``);
+    ``python`` converts GGUF files (default: the ``vllm-cpu`` environment's, created when
+    missing).
+    """
+
+    def __init__(
+        self,
+        *,
+        root: Path | None = None,
+        python: Path | None = None,
+        parent: QObject | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.root = root
+        self.python = python
+
+    def start(self, request: ImportRequest) -> bool:
+        """Start importing ``request`` (GUI thread); False while another import runs."""
+        return self._launch("omni-studio-model-import", partial(self._import, request))
 
     # -- the import's thread ---------------------------------------------------------------
 
     def _import(self, request: ImportRequest, cancel: threading.Event) -> None:
         root = pipelines_root(self.root)
         before = _names(root)
-
-        def progress(line: str) -> None:
-            if cancel.is_set():
-                raise Cancelled
-            self.progress.emit(line)
-
+        progress = self._progress_until_cancelled(cancel)
         try:
             made = import_model(
                 request.source,
@@ -142,21 +170,16 @@ class ModelImports(QObject):
 
     # -- GUI thread ------------------------------------------------------------------------
 
-    def _on_done(self, outcome: JobOutcome) -> None:
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.wait()  # run() has returned or is returning: this emit was its last act
-            thread.deleteLater()
+    def _settled(self, outcome: JobOutcome) -> JobOutcome:
         made = outcome.made
         if made is not None and self._cancel.is_set():
             # Cancel came after the import's last step: what it made goes.
             try:
                 remove_entry(made.name, self.root)
-                outcome = JobOutcome("cancelled", CANCELLED)
             except (ModelImportError, OSError) as exc:
-                outcome = JobOutcome("failed", f"cancelled, but {made.path.parent} stays: {exc}")
-        self.busy_changed.emit(False)
-        self.finished.emit(outcome)
+                return JobOutcome("failed", f"cancelled, but {made.path.parent} stays: {exc}")
+            return JobOutcome("cancelled", CANCELLED)
+        return outcome
 
 
 def _names(root: Path) -> set[str]:

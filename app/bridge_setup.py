@@ -13,13 +13,12 @@ takes effect when it ends, and the model, complete and verified by then, is kept
 from __future__ import annotations
 
 import re
-import threading
 from functools import partial
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtCore import QObject, Signal
 
-from app.bridge_models import Cancelled, WorkThread
+from app.bridge_models import CancellableJobs, Cancelled
 from app.my_pipelines import JobOutcome
 from runtime.envs import RECIPES, create_env, env_python
 from runtime.errors import OmniError
@@ -27,6 +26,7 @@ from runtime.models.marker import ModelBuildError
 from runtime.models.smollm2 import ensure_smollm2_model
 
 if TYPE_CHECKING:
+    import threading
     from collections.abc import Mapping
     from pathlib import Path
 
@@ -37,19 +37,14 @@ if TYPE_CHECKING:
 STEP_LINE = re.compile(r"^\[(\d+)/(\d+)\] ")
 
 
-class SetupJobs(QObject):
+class SetupJobs(CancellableJobs):
     """Makes one pipeline's SetupNeeds at a time; ``finished`` carries an JobOutcome
     (``made``, ``failed`` or ``cancelled``; ``made`` is None for this job).
 
     ``env_root``, ``recipes`` and ``model_dir`` are the defaults of the runtime (tests give
     their own)."""
 
-    progress = Signal(str)
     step = Signal(int)  # steps done so far, out of SetupNeeds.steps
-    finished = Signal(object)  # JobOutcome
-    busy_changed = Signal(bool)
-
-    _done = Signal(object)
 
     def __init__(
         self,
@@ -63,43 +58,18 @@ class SetupJobs(QObject):
         self.env_root = env_root
         self.recipes = recipes
         self.model_dir = model_dir
-        self._thread: WorkThread | None = None
-        self._cancel = threading.Event()
-        self._done.connect(self._on_done, Qt.ConnectionType.QueuedConnection)
-
-    @property
-    def busy(self) -> bool:
-        return self._thread is not None
-
-    @property
-    def cancelling(self) -> bool:
-        return self.busy and self._cancel.is_set()
 
     def start(self, needs: SetupNeeds) -> bool:
         """Start making ``needs`` (GUI thread); False while another job runs."""
-        if self._thread is not None:
-            return False
-        self._cancel = threading.Event()
-        thread = WorkThread("omni-studio-setup", partial(self._make, needs, self._cancel), self)
-        self._thread = thread
-        self.busy_changed.emit(True)
-        thread.start()
-        return True
-
-    def cancel(self) -> bool:
-        """Ask the job to stop at its next line or step (GUI thread)."""
-        if self._thread is None or self._cancel.is_set():
-            return False
-        self._cancel.set()
-        return True
+        return self._launch("omni-studio-setup", partial(self._make, needs))
 
     # -- the job's thread -------------------------------------------------------------------
 
     def _make(self, needs: SetupNeeds, cancel: threading.Event) -> None:
+        report = self._progress_until_cancelled(cancel)
+
         def progress(line: str) -> None:
-            if cancel.is_set():
-                raise Cancelled
-            self.progress.emit(line)
+            report(line)
             found = STEP_LINE.match(line)
             if found is not None:
                 self.step.emit(int(found.group(1)) - 1)
@@ -130,13 +100,3 @@ class SetupJobs(QObject):
             else:
                 outcome = JobOutcome("made", "ready to run")
         self._done.emit(outcome)
-
-    # -- GUI thread ------------------------------------------------------------------------
-
-    def _on_done(self, outcome: JobOutcome) -> None:
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.wait()
-            thread.deleteLater()
-        self.busy_changed.emit(False)
-        self.finished.emit(outcome)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import random
 import secrets
 import shutil
@@ -29,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from runtime.models.gguf import child_env
 from runtime.models.marker import MARKER_NAME, ModelBuildError, marker_ready, sha256_file
 
 if TYPE_CHECKING:
@@ -218,12 +218,7 @@ def ensure_tiny_model(
         return target
     root = Path(__file__).resolve().parents[2] if project_root is None else project_root
     argv = [str(python), "-m", "runtime.models.tiny_llm", "--out", str(target)]
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
-    }
-    env.update({"PYTHONPATH": str(root), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    env = child_env(root)
     if progress is not None:
         progress(f"building the tiny model into {target}")
     try:
