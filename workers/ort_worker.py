@@ -61,6 +61,7 @@ from runtime.contracts.process import (
     PRIVATE_TMPDIR_VARIABLE,
 )
 from runtime.transport.arena import arena_size_for
+from runtime.transport.awake import AwakeWait
 from runtime.transport.channel import (
     ARENA_THRESHOLD,
     ChannelClosed,
@@ -135,6 +136,7 @@ class GraphWorker:
         self._shutdown_requested = False
         self._pending: deque[Frame | ProtocolError] = deque()
         self._watcher: threading.Thread | None = None
+        self._awake = AwakeWait(None, 0.0)
 
     # Loading.
 
@@ -154,6 +156,7 @@ class GraphWorker:
             ep_library=message.ep_library,
         )
         session, buckets, placement = opened.session, opened.buckets, opened.placement
+        self._awake = AwakeWait(self._channel.read_fd, message.spin_wait_us * 1e-6)
         bucket = buckets[0]
         self._session = session
         self._outputs_follow_inputs = outputs_follow_inputs(session)
@@ -193,6 +196,8 @@ class GraphWorker:
         self._watcher = threading.Thread(target=self._watch, name="ort-watch", daemon=True)
         self._watcher.start()
         while True:
+            if not self._pending and not self._channel.has_frames:
+                self._awake.wait()
             try:
                 item = self._channel.read_frame(pending=self._pending)
             except ChannelClosed:
@@ -201,6 +206,7 @@ class GraphWorker:
                 raise item
             message = self._decode(item)
             if isinstance(message, CallMessage):
+                self._awake.arrived()
                 self._call(message, item)
                 if self._shutdown_requested:
                     return self._bye()
@@ -373,6 +379,7 @@ class GraphWorker:
             copied,
         )
         try:
+            self._awake.sent()
             self._channel.send_message(
                 result,
                 {name: outputs[name] for name in self._output_names},

@@ -30,6 +30,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Final
 
+from runtime.transport.awake import AwakeWait
+
 if TYPE_CHECKING:
     import concurrent.futures as cf
     from collections.abc import Callable
@@ -61,8 +63,11 @@ class BorrowedReader:
         take: Callable[[Frame], bool],
         on_frame: Callable[[Frame], None],
         usable: Callable[[], bool],
+        spin_wait_s: float = 0.0,
     ) -> None:
         self._channel = channel
+        #: Polling for the result awake before sleeping (:mod:`runtime.transport.awake`).
+        self.awake = AwakeWait(channel.read_fd, spin_wait_s)
         self._loop = loop
         self._take = take
         self._on_frame = on_frame
@@ -131,6 +136,8 @@ class BorrowedReader:
         future.add_done_callback(wake)
         fd = self._channel.read_fd
         poll = self._poll
+        if self.awake.wait() and not self._read_once():
+            return
         while not future.done():
             events = poll.poll()
             readable = False

@@ -324,6 +324,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
             intra_op_threads=0 if self.threads is None else self.threads.intra_op_threads,
             allow_spinning=True if self.threads is None else self.threads.allow_spinning,
             binary_headers=BINARY_FEATURE in self.peer_features,
+            spin_wait_us=0 if self.threads is None else self.threads.spin_wait_us,
             device=self.spec.load_device(),
             provider_options=self.route.provider_options,
             ep_library=self.route.ep_library,
@@ -604,11 +605,13 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
             # The pipe is lent before the call goes out: its result is this thread's to read.
             lent = borrowed.borrow()
             sent = self._send_call(key, inputs, future, from_loop=False)
+            borrowed.awake.sent()
             try:
                 if on_sent is not None:
                     on_sent()
                 if lent:
                     borrowed.wait(future)
+                    borrowed.awake.arrived()
                 result, arrays = future.result()
             except OmniError:
                 self._call_failed(key)
@@ -630,6 +633,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
                 take=self._take_result,
                 on_frame=self._on_frame_loop,
                 usable=lambda: self.usable and not self._closed,
+                spin_wait_s=0.0 if self.threads is None else self.threads.spin_wait_us * 1e-6,
             )
         return reader
 

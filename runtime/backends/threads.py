@@ -7,6 +7,13 @@ same time: in a pipeline that runs one request at a time, its graph stages run o
 another, so each may use every core; a pipeline with a language-model stage runs several
 requests at once, so its graph stages and its language model share the cores.
 
+Between calls, a worker whose calls come back to back waits for the next one awake for a
+short while (:data:`SPIN_WAIT_US`, polling its input) instead of sleeping: a sleeping
+process is woken by the pipe, which on two virtual cores took about 60 us of each call's
+round trip. It does so only where the plan leaves a core for it (at least two cores, no
+stage running beside it) and only while the gaps between its calls stay shorter than the
+wait (the worker measures them), so a stage called now and then never spins.
+
 ONNX Runtime's idle threads spin only where a pool has cores to itself: the controller
 takes each result on the same cores the moment a call ends, and a pool that spins on
 every core burns the time it needs (measured on two cores: a 1 ms MatMul through the worker
@@ -30,6 +37,8 @@ if TYPE_CHECKING:
 
 #: Cores each concurrent graph stage needs to itself before a program may overlap their calls.
 MIN_OVERLAP_THREADS: Final = 2
+#: How long a worker may wait for its next call awake, when the plan allows it (see above).
+SPIN_WAIT_US: Final = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +51,9 @@ class ThreadPlan:
     reason: str
     #: The stage's calls may run at the same time as another concurrent stage's.
     overlaps: bool = False
+    #: How long the stage's worker (and its caller) may wait for the next call or result
+    #: awake, in microseconds; 0: they sleep at once.
+    spin_wait_us: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -50,6 +62,7 @@ class ThreadPlan:
             "cores": self.cores,
             "reason": self.reason,
             "overlaps": self.overlaps,
+            "spin_wait_us": self.spin_wait_us,
         }
 
 
@@ -95,7 +108,10 @@ def plan_threads(
                 f"; {', '.join(together)} could overlap but {cores} cores leave fewer than "
                 f"{MIN_OVERLAP_THREADS} each"
             )
-        return {s.name: ThreadPlan(cores, False, cores, reason) for s in graph}
+        spin = SPIN_WAIT_US if cores >= MIN_OVERLAP_THREADS else 0
+        if spin:
+            reason += f"; between back-to-back calls the worker waits {spin} us awake"
+        return {s.name: ThreadPlan(cores, False, cores, reason, spin_wait_us=spin) for s in graph}
     together_count = len(graph) + len(language)
     share = max(1, cores // together_count)
     reason = (

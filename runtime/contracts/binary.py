@@ -24,6 +24,7 @@ A buffer's byte size is its shape times its item size; dtype codes are the index
 from __future__ import annotations
 
 import math
+import operator
 import struct
 from typing import TYPE_CHECKING, Any, Final
 
@@ -80,6 +81,53 @@ def _u63(value: object) -> bool:
     return type(value) is int and 0 <= value <= _MAX_U63
 
 
+#: The bytes of what stays the same from frame to frame (names, a buffer's owner, dtype,
+#: shape and location), encoded once (bounded; cleared when full).
+_NAMES_BYTES: dict[tuple[object, ...], bytes | None] = {}
+_DESCRIPTOR_BYTES: dict[tuple[object, ...], tuple[bytes, bytes]] = {}
+_BYTES_LIMIT: Final = 1024
+
+
+def _names_bytes(names: tuple[object, ...]) -> bytes | None:
+    found = _NAMES_BYTES.get(names, b"")
+    if found != b"":
+        return found
+    encoded = [_str(name) for name in names]
+    packed = (
+        None
+        if None in encoded or len(encoded) > 0xFFFF
+        else _U16.pack(len(encoded)) + b"".join(encoded)  # type: ignore[arg-type]
+    )
+    if len(_NAMES_BYTES) >= _BYTES_LIMIT:
+        _NAMES_BYTES.clear()
+    _NAMES_BYTES[names] = packed
+    return packed
+
+
+def _descriptor_bytes(descriptor: BufferDescriptor) -> tuple[bytes, bytes] | None:
+    """A buffer's bytes before its generation (owner) and after it (dtype, shape, location
+    and the offset flag), or None when they have no binary form."""
+    owner = _str(descriptor.owner)
+    if owner is None:
+        return None
+    tail = [
+        bytes((_DTYPE_INDEX[descriptor.dtype], len(descriptor.shape))),
+        *(_U64.pack(dim) for dim in descriptor.shape),
+        bytes(
+            (
+                (_HAS_LOCATION if descriptor.location is not None else 0)
+                | (_HAS_OFFSET if descriptor.offset is not None else 0),
+            )
+        ),
+    ]
+    if descriptor.location is not None:
+        location = _str(descriptor.location)
+        if location is None:
+            return None
+        tail.append(location)
+    return owner, b"".join(tail)
+
+
 def encode_header(
     kind: str,
     body: Mapping[str, Any],
@@ -107,12 +155,10 @@ def encode_header(
         parts += [owner, _U64.pack(body["generation"])]
     else:
         request_id = _str(body["request_id"])
-        names_key = "input_names" if kind == "call" else "output_names"
-        names = [_str(name) for name in body[names_key]]
+        names = _names_bytes(tuple(body["input_names" if kind == "call" else "output_names"]))
         if (
             request_id is None
-            or None in names
-            or len(names) > 0xFFFF
+            or names is None
             or not _u63(body["call_id"])
             or not _u63(body["epoch"])
         ):
@@ -124,29 +170,27 @@ def encode_header(
             if not isinstance(run_s, float) or not math.isfinite(run_s) or not _u63(copied):
                 return None
             parts.append(_RESULT.pack(body["call_id"], body["epoch"], run_s, copied))
-        parts += [request_id, _U16.pack(len(names)), *names]  # type: ignore[list-item]
+        parts += [request_id, names]
     for descriptor in descriptors:
-        owner = _str(descriptor.owner)
-        if owner is None:
-            return None
-        parts += [
-            owner,
-            _BUFFER.pack(
-                descriptor.generation, _DTYPE_INDEX[descriptor.dtype], len(descriptor.shape)
-            ),
-            *(_U64.pack(dim) for dim in descriptor.shape),
-        ]
-        where = (_HAS_LOCATION if descriptor.location is not None else 0) | (
-            _HAS_OFFSET if descriptor.offset is not None else 0
+        offset = descriptor.offset
+        key = (
+            descriptor.owner,
+            descriptor.dtype._value_,
+            descriptor.shape,
+            descriptor.location,
+            offset is None,
         )
-        parts.append(bytes((where,)))
-        if descriptor.location is not None:
-            location = _str(descriptor.location)
-            if location is None:
+        pieces = _DESCRIPTOR_BYTES.get(key)
+        if pieces is None:
+            pieces = _descriptor_bytes(descriptor)
+            if pieces is None:
                 return None
-            parts.append(location)
-        if descriptor.offset is not None:
-            parts.append(_U64.pack(descriptor.offset))
+            if len(_DESCRIPTOR_BYTES) >= _BYTES_LIMIT:
+                _DESCRIPTOR_BYTES.clear()
+            _DESCRIPTOR_BYTES[key] = pieces
+        parts += [pieces[0], _U64.pack(descriptor.generation), pieces[1]]
+        if offset is not None:
+            parts.append(_U64.pack(offset))
     return b"".join(parts)
 
 
@@ -175,20 +219,150 @@ def _names(raw: bytes, position: int, what: str) -> tuple[list[str], int]:
     return names, position
 
 
-def decode_header(
-    raw: bytes, max_buffers: int
-) -> tuple[str, dict[str, Any], tuple[BufferDescriptor, ...], tuple[str, ...]]:
+Decoded = tuple[str, dict[str, Any], tuple[BufferDescriptor, ...], tuple[str, ...]]
+
+#: Where a header's per-frame values lie: ``(position, field)``, field one of ``call_id``,
+#: ``epoch``, ``run_s``, ``copied_bytes``, ``request_id`` or a buffer's ``("generation", i)``
+#: and ``("offset", i)``.
+_Span = tuple[int, "str | tuple[str, int]"]
+
+
+class _Template:
+    """The layout of a header seen before: every byte that is not a per-frame value (kind,
+    flags, names, owners, dtypes, shapes, locations) kept as it was, the per-frame values
+    (ids, generations, offsets, timings, the request id's bytes) unpacked by one
+    ``struct`` call. A header matching it decodes without walking its fields again; the
+    values are checked as the full decoder checks them, and anything else takes the full
+    decoder (which reports it)."""
+
+    __slots__ = (
+        "_body_keys",
+        "_descriptors",
+        "_fields",
+        "_kind",
+        "_literals",
+        "_names",
+        "_pick_literals",
+        "_pick_values",
+        "_required",
+        "_struct",
+    )
+
+    def __init__(self, raw: bytes, decoded: Decoded, spans: list[_Span]) -> None:
+        kind, body, descriptors, required = decoded
+        formats: list[str] = []
+        literal_index: list[int] = []
+        value_index: list[int] = []
+        literals: list[bytes] = []
+        fields: list[str | tuple[str, int]] = []
+        position = 0
+        for start, field in spans:
+            if start > position:
+                literal_index.append(len(formats))
+                literals.append(raw[position:start])
+                formats.append(f"{start - position}s")
+            value_index.append(len(formats))
+            fields.append(field)
+            if field == "request_id":
+                size = len(body["request_id"].encode("utf-8"))
+                formats.append(f"{size}s")
+            else:
+                size = 8
+                formats.append("d" if field == "run_s" else "Q")
+            position = start + size
+        if position < len(raw):
+            literal_index.append(len(formats))
+            literals.append(raw[position:])
+            formats.append(f"{len(raw) - position}s")
+        self._struct = struct.Struct("<" + "".join(formats))
+        self._pick_literals = _picker(literal_index)
+        self._pick_values = _picker(value_index)
+        self._literals = tuple(literals)
+        self._fields = tuple(fields)
+        self._kind = kind
+        self._body_keys = "input_names" if kind == "call" else "output_names"
+        self._names: list[str] = list(body[self._body_keys])
+        self._descriptors = descriptors
+        self._required = required
+
+    def match(self, raw: bytes) -> Decoded | None:
+        """The decoded header when ``raw`` has this layout and valid values; else None."""
+        found = self._struct.unpack_from(raw)
+        if self._pick_literals(found) != self._literals:
+            return None
+        values = self._pick_values(found)
+        body: dict[str, Any] = {}
+        generations: dict[int, int] = {}
+        offsets: dict[int, int] = {}
+        for field, value in zip(self._fields, values, strict=True):
+            if field == "request_id":
+                try:
+                    body["request_id"] = value.decode("utf-8")
+                except UnicodeDecodeError:
+                    return None
+            elif field == "run_s":
+                if not math.isfinite(value):
+                    return None
+                body["run_s"] = value
+            elif type(field) is tuple:
+                if value > _MAX_U63:
+                    return None
+                (generations if field[0] == "generation" else offsets)[field[1]] = value
+            else:
+                if value > _MAX_U63:
+                    return None
+                body[field] = value  # type: ignore[index]
+        if self._kind != "ack":
+            body[self._body_keys] = list(self._names)
+        descriptors = tuple(
+            descriptor.with_generation(generations[index], offsets.get(index))
+            for index, descriptor in enumerate(self._descriptors)
+        )
+        return self._kind, body, descriptors, self._required
+
+
+def _picker(indexes: list[int]) -> Any:
+    """A function taking ``indexes`` of a tuple, always as a tuple."""
+    if not indexes:
+        return lambda values: ()
+    if len(indexes) == 1:
+        only = indexes[0]
+        return lambda values: (values[only],)
+    return operator.itemgetter(*indexes)
+
+
+#: Layouts seen, by the header's length and first four bytes (kind, flags, buffer count).
+_TEMPLATES: dict[tuple[int, bytes], _Template] = {}
+_TEMPLATE_LIMIT: Final = 256
+
+
+def decode_header(raw: bytes, max_buffers: int) -> Decoded:
     """``(kind, body, descriptors, required)`` of a binary header; raises BinaryHeaderError
-    (or DescriptorError for a malformed buffer) before anything is allocated."""
+    (or DescriptorError for a malformed buffer) before anything is allocated. A header with
+    the layout of one decoded before (the same stage's next call or result) is decoded from
+    that layout (:class:`_Template`)."""
+    key = (len(raw), bytes(raw[:4]))
+    template = _TEMPLATES.get(key)
+    if template is not None and _HEAD.unpack_from(raw)[2] <= max_buffers:
+        try:
+            found = template.match(raw)
+        except (DescriptorError, struct.error):
+            found = None
+        if found is not None:
+            return found
+    spans: list[_Span] = []
     try:
-        return _decode(raw, max_buffers)
+        decoded = _decode(raw, max_buffers, spans)
     except (struct.error, IndexError):
         raise _truncated(len(raw)) from None
+    if decoded[0] != "ack":
+        if len(_TEMPLATES) >= _TEMPLATE_LIMIT:
+            _TEMPLATES.clear()
+        _TEMPLATES[key] = _Template(bytes(raw), decoded, spans)
+    return decoded
 
 
-def _decode(
-    raw: bytes, max_buffers: int
-) -> tuple[str, dict[str, Any], tuple[BufferDescriptor, ...], tuple[str, ...]]:
+def _decode(raw: bytes, max_buffers: int, spans: list[_Span]) -> Decoded:
     code, flags, count = _HEAD.unpack_from(raw, 0)
     position = _HEAD.size
     kind = KINDS.get(code)
@@ -206,11 +380,19 @@ def _decode(
         body = {"owner": owner, "generation": generation}
     elif kind == "call":
         call_id, epoch = _CALL.unpack_from(raw, position)
+        spans += [(position, "call_id"), (position + 8, "epoch"), (position + 18, "request_id")]
         request_id, position = _text(raw, position + _CALL.size, "the request id")
         names, position = _names(raw, position, "an input name")
         body = {"call_id": call_id, "request_id": request_id, "epoch": epoch, "input_names": names}
     else:
         call_id, epoch, run_s, copied = _RESULT.unpack_from(raw, position)
+        spans += [
+            (position, "call_id"),
+            (position + 8, "epoch"),
+            (position + 16, "run_s"),
+            (position + 24, "copied_bytes"),
+            (position + 34, "request_id"),
+        ]
         request_id, position = _text(raw, position + _RESULT.size, "the request id")
         names, position = _names(raw, position, "an output name")
         body = {
@@ -225,6 +407,7 @@ def _decode(
     for index in range(count):
         owner, position = _text(raw, position, f"buffer {index}'s owner")
         generation, dtype_code, ndim = _BUFFER.unpack_from(raw, position)
+        spans.append((position, ("generation", index)))
         position += _BUFFER.size
         if dtype_code >= len(DTYPE_CODES):
             raise BinaryHeaderError(
@@ -245,6 +428,7 @@ def _decode(
             location, position = _text(raw, position, f"buffer {index}'s location")
         offset = None
         if where & _HAS_OFFSET:
+            spans.append((position, ("offset", index)))
             (offset,) = _U64.unpack_from(raw, position)
             position += 8
         dtype = DTYPE_CODES[dtype_code]

@@ -72,6 +72,11 @@ _ITEMSIZE: dict[DType, int] = {
 
 _ITEMSIZE_BY_VALUE: dict[str, int] = {dtype.value: size for dtype, size in _ITEMSIZE.items()}
 
+#: Descriptors already validated, by everything but their generation and offset: the
+#: tensors a stage sends call after call (bounded; cleared when full).
+_KNOWN: dict[tuple[object, ...], BufferDescriptor] = {}
+_KNOWN_LIMIT = 1024
+
 
 class DescriptorError(ValueError):
     """A buffer descriptor is malformed. ``code`` is a stable machine-readable name."""
@@ -117,9 +122,48 @@ class BufferDescriptor:
         location: str | None = None,
         offset: int | None = None,
     ) -> BufferDescriptor:
-        """Build a descriptor whose size is derived from dtype and shape."""
+        """Build a descriptor whose size is derived from dtype and shape.
+
+        A tensor described before (same owner, dtype, shape and location) is not checked
+        again: only its generation and offset are (:meth:`with_generation`)."""
+        key = (owner, dtype._value_, shape, location, offset is None)
+        known = _KNOWN.get(key) if cls is BufferDescriptor else None
+        if known is not None:
+            return known.with_generation(generation, offset)
         nbytes = math.prod(shape) * dtype.itemsize
-        return cls(owner, generation, nbytes, dtype, shape, location, offset)
+        made = cls(owner, generation, nbytes, dtype, shape, location, offset)
+        if type(shape) is tuple and all(type(dim) is int for dim in shape):
+            if len(_KNOWN) >= _KNOWN_LIMIT:
+                _KNOWN.clear()
+            _KNOWN[key] = made
+        return made
+
+    def with_generation(self, generation: int, offset: int | None = None) -> BufferDescriptor:
+        """This descriptor for another ``generation`` (and arena ``offset``), every other field
+        as this one already holds it, validated: how the same tensor is described call after
+        call without checking its shape again. ``offset`` must be given exactly when this
+        descriptor has one."""
+        if type(generation) is not int or not 0 <= generation <= MAX_BUFFER_BYTES:
+            raise DescriptorError(
+                "bad_descriptor", f"descriptor generation {generation!r} must be an integer >= 0"
+            )
+        if (offset is None) != (self.offset is None):
+            raise DescriptorError(
+                "bad_descriptor",
+                f"descriptor offset {offset!r}: this buffer "
+                + ("lies at an arena offset" if self.offset is not None else "has no offset"),
+            )
+        _validate_offset(offset, self.location)
+        made = object.__new__(BufferDescriptor)
+        put = object.__setattr__
+        put(made, "owner", self.owner)
+        put(made, "generation", generation)
+        put(made, "nbytes", self.nbytes)
+        put(made, "dtype", self.dtype)
+        put(made, "shape", self.shape)
+        put(made, "location", self.location)
+        put(made, "offset", offset)
+        return made
 
     @property
     def inline(self) -> bool:

@@ -240,6 +240,9 @@ class LoadMessage(Message):
     allow_spinning: bool = True
     #: The controller reads binary headers: the worker may send its results with them.
     binary_headers: bool = False
+    #: How long the worker may wait for the next call awake (polling its input) before it
+    #: sleeps, when calls have been coming back to back (0: it always sleeps).
+    spin_wait_us: int = 0
     #: The hardware device the stage was admitted on (None: ONNX Runtime's default device),
     #: the route's options for the target provider, and a plugin library providing it.
     device: EpDeviceRequest | None = None
@@ -260,6 +263,7 @@ class LoadMessage(Message):
             _check_str(kind, "ep_library", self.ep_library)
         _check_int(kind, "intra_op_threads", self.intra_op_threads)
         _check_bool(kind, "allow_spinning", self.allow_spinning)
+        _check_int(kind, "spin_wait_us", self.spin_wait_us)
         _check_str(kind, "expected_identity", self.expected_identity)
         _set(self, "providers", _check_names(kind, "providers", self.providers))
         if not self.providers:

@@ -792,6 +792,11 @@ class FramedChannel:
         finally:
             self._read_lock.release()
 
+    @property
+    def has_frames(self) -> bool:
+        """Whether whole frames already read wait in this channel (no need to wait)."""
+        return bool(self._ready)
+
     def wait_readable(self, timeout_s: float) -> bool:
         """Whether bytes (or the end of the stream) are waiting to be read, within ``timeout_s``."""
         if self._ready:

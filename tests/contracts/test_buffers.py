@@ -168,3 +168,44 @@ def test_zero_size_shapes_are_accepted_exactly_when_numpy_accepts_them(
         with pytest.raises(DescriptorError) as info:
             BufferDescriptor.from_wire(wire)
         assert info.value.code == "length_overflow", shape
+
+
+def test_a_descriptor_for_another_generation_keeps_every_other_field() -> None:
+    arena = BufferDescriptor.for_array("ctl", 1, DType.FLOAT32, (2, 3), "oe-1-arena", 64)
+    moved = arena.with_generation(9, 128)
+    assert (moved.generation, moved.offset) == (9, 128)
+    assert moved == BufferDescriptor.for_array("ctl", 9, DType.FLOAT32, (2, 3), "oe-1-arena", 128)
+    inline = BufferDescriptor.for_array("ctl", 1, DType.INT8, (4,))
+    assert inline.with_generation(2) == BufferDescriptor("ctl", 2, 4, DType.INT8, (4,))
+
+
+@pytest.mark.parametrize(
+    ("generation", "offset", "code"),
+    [
+        (-1, 0, "bad_descriptor"),
+        (2**63, 0, "bad_descriptor"),
+        (True, 0, "bad_descriptor"),
+        (1, -8, "negative_length"),
+        (1, 2**63, "length_overflow"),
+        (1, None, "bad_descriptor"),
+    ],
+)
+def test_another_generation_is_checked(generation: object, offset: object, code: str) -> None:
+    arena = BufferDescriptor.for_array("ctl", 1, DType.FLOAT32, (2, 3), "oe-1-arena", 64)
+    with pytest.raises(DescriptorError) as caught:
+        arena.with_generation(generation, offset)  # type: ignore[arg-type]
+    assert caught.value.code == code
+    with pytest.raises(DescriptorError):
+        BufferDescriptor.for_array("ctl", 1, DType.INT8, (4,)).with_generation(1, 0)
+
+
+def test_a_tensor_described_before_is_still_checked_for_its_generation_and_offset() -> None:
+    first = BufferDescriptor.for_array("ctl", 1, DType.FLOAT32, (5, 7), "oe-1-arena", 0)
+    again = BufferDescriptor.for_array("ctl", 2, DType.FLOAT32, (5, 7), "oe-1-arena", 4096)
+    assert again.nbytes == first.nbytes == 140
+    with pytest.raises(DescriptorError) as caught:
+        BufferDescriptor.for_array("ctl", -1, DType.FLOAT32, (5, 7), "oe-1-arena", 0)
+    assert caught.value.code == "bad_descriptor"
+    with pytest.raises(DescriptorError) as caught:
+        BufferDescriptor.for_array("ctl", 3, DType.FLOAT32, (5, -7), "oe-1-arena", 0)
+    assert caught.value.code == "negative_length"

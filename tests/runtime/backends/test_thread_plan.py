@@ -1,0 +1,26 @@
+"""The thread plan's waiting awake between calls: only where a core is left for it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from runtime.backends.threads import SPIN_WAIT_US, plan_threads
+from runtime.config.loader import load_pipeline
+
+PIPELINES = Path(__file__).resolve().parents[3] / "assets" / "pipelines"
+
+
+def test_graph_stages_taking_turns_wait_awake_on_two_cores_or_more() -> None:
+    config = load_pipeline(PIPELINES / "mlp-chain.yaml")
+    for cores, expected in ((1, 0), (2, SPIN_WAIT_US), (8, SPIN_WAIT_US)):
+        plans = plan_threads(config, cores)
+        assert {plan.spin_wait_us for plan in plans.values()} == {expected}
+        assert ("awake" in next(iter(plans.values())).reason) is bool(expected)
+        assert all(plan.to_json()["spin_wait_us"] == expected for plan in plans.values())
+
+
+def test_graph_stages_beside_a_language_model_never_wait_awake() -> None:
+    config = load_pipeline(PIPELINES / "chat-speak.yaml")
+    plans = plan_threads(config, 8)
+    assert plans, "chat-speak has graph stages"
+    assert {plan.spin_wait_us for plan in plans.values()} == {0}
