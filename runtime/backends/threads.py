@@ -10,8 +10,9 @@ requests at once, so its graph stages and its language model share the cores.
 Between calls, a worker whose calls come back to back waits for the next one awake for a
 short while (:data:`SPIN_WAIT_US`, polling its input) instead of sleeping: a sleeping
 process is woken by the pipe, which on two virtual cores took about 60 us of each call's
-round trip. It does so only where the plan leaves a core for it (at least two cores, no
-stage running beside it) and only while the gaps between its calls stay shorter than the
+round trip. It does so only where the plan leaves a core for it (the pipeline's only graph stage, at
+least two cores, no language model beside it: in a chain, one stage's worker waiting
+awake would take a core from the next stage's pool) and only while the gaps between its calls stay shorter than the
 wait (the worker measures them), so a stage called now and then never spins.
 
 ONNX Runtime's idle threads spin only where a pool has cores to itself: the controller
@@ -108,7 +109,9 @@ def plan_threads(
                 f"; {', '.join(together)} could overlap but {cores} cores leave fewer than "
                 f"{MIN_OVERLAP_THREADS} each"
             )
-        spin = SPIN_WAIT_US if cores >= MIN_OVERLAP_THREADS else 0
+        # A lone stage's worker waits awake on a core its pool does not use between calls;
+        # one of several would spin while the next stage's pool wants every core.
+        spin = SPIN_WAIT_US if cores >= MIN_OVERLAP_THREADS and len(graph) == 1 else 0
         if spin:
             reason += f"; between back-to-back calls the worker waits {spin} us awake"
         return {s.name: ThreadPlan(cores, False, cores, reason, spin_wait_us=spin) for s in graph}

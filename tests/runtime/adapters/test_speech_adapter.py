@@ -19,7 +19,7 @@ from runtime.adapters.tts_text import SpeechInputError, SpeechPlan, Utterance
 from runtime.adapters.voice_export import acoustic_inputs, snr_db
 from runtime.api import AsyncOmni, Omni
 from runtime.audio import AudioPlayer
-from runtime.backends.threads import SPIN_WAIT_US, plan_threads
+from runtime.backends.threads import plan_threads
 from runtime.devices import DeviceSelection, discover_topology
 from runtime.errors import RequestCancelled, UsageError
 from tests.helpers.audio_metrics import log_mel_correlation
@@ -512,7 +512,7 @@ def test_overlap_follows_the_thread_plan(exported: Exported) -> None:
         else:
             assert [plans[name].intra_op_threads for name in names] == [cores, cores]
             assert "could overlap" in plans[names[0]].reason
-            assert [plans[name].spin_wait_us for name in names] == [SPIN_WAIT_US] * 2
+            assert [plans[name].spin_wait_us for name in names] == [0, 0]
     assert [plan.spin_wait_us for plan in plan_threads(config, 1).values()] == [0, 0]
     # Without concurrent stages the plan is what it always was: every core each, in turn.
     assert [plan.overlaps for plan in plan_threads(config, 8).values()] == [False, False]

@@ -10,13 +10,20 @@ from runtime.config.loader import load_pipeline
 PIPELINES = Path(__file__).resolve().parents[3] / "assets" / "pipelines"
 
 
-def test_graph_stages_taking_turns_wait_awake_on_two_cores_or_more() -> None:
-    config = load_pipeline(PIPELINES / "mlp-chain.yaml")
+def test_a_lone_graph_stage_waits_awake_on_two_cores_or_more() -> None:
+    config = load_pipeline(PIPELINES / "add.yaml")
     for cores, expected in ((1, 0), (2, SPIN_WAIT_US), (8, SPIN_WAIT_US)):
         plans = plan_threads(config, cores)
         assert {plan.spin_wait_us for plan in plans.values()} == {expected}
         assert ("awake" in next(iter(plans.values())).reason) is bool(expected)
         assert all(plan.to_json()["spin_wait_us"] == expected for plan in plans.values())
+
+
+def test_graph_stages_taking_turns_never_wait_awake() -> None:
+    """One stage's worker polling would take a core from the next stage's pool."""
+    plans = plan_threads(load_pipeline(PIPELINES / "mlp-chain.yaml"), 8)
+    assert len(plans) == 2
+    assert {plan.spin_wait_us for plan in plans.values()} == {0}
 
 
 def test_graph_stages_beside_a_language_model_never_wait_awake() -> None:
