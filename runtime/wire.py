@@ -46,8 +46,20 @@ def numpy_dtype(dtype: DType) -> np.dtype[Any]:
     return _WIRE_DTYPES_BY_VALUE[dtype.value]
 
 
+#: The same, keyed by the dtypes arrays carry (native and little-endian order): one lookup
+#: for the common case.
+_BY_ARRAY_DTYPE: dict[object, DType] = {
+    **{np.dtype(d.value): d for d in DType},
+    **{t: d for d, t in _WIRE_DTYPES.items()},
+}
+
+
 def descriptor_dtype(dtype: npt.DTypeLike) -> DType:
     """The wire dtype of a NumPy dtype of either byte order; raises ``DescriptorError`` else."""
+    if isinstance(dtype, np.dtype):
+        known = _BY_ARRAY_DTYPE.get(dtype)
+        if known is not None:
+            return known
     native = np.dtype(dtype).newbyteorder("=")
     found = _NATIVE_DTYPES.get(native)
     if found is None:

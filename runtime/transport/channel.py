@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn, TypeVar, cast
 
 import numpy as np
 
-from runtime.contracts.buffers import BufferDescriptor, DescriptorError
+from runtime.contracts.buffers import BufferDescriptor, DescriptorError, DType
 from runtime.contracts.codec import Frame, FrameDecoder, FrameError, FrameLimits, encode_frame_parts
 from runtime.contracts.messages import AckMessage, Message, MessageError, decode_message
 from runtime.wire import descriptor_dtype, numpy_dtype
@@ -51,15 +51,19 @@ ARENA_THRESHOLD = 16 << 10
 READ_CHUNK = 1 << 20
 
 
-def _wire_array(name: str, value: object) -> np.ndarray[Any, Any]:
+def _wire_array(name: str, value: object) -> tuple[np.ndarray[Any, Any], DType]:
+    """``value`` as the array that travels (little-endian, C order) and its wire dtype."""
     array = np.asarray(value)
     try:
         dtype = descriptor_dtype(array.dtype)
     except DescriptorError as exc:
         raise DescriptorError(exc.code, f"array {name!r}: {exc}") from None
-    wire = array.astype(numpy_dtype(dtype), copy=False)
+    wire_dtype = numpy_dtype(dtype)
+    if array.dtype == wire_dtype and array.flags.c_contiguous:
+        return array, dtype
+    wire = array.astype(wire_dtype, copy=False)
     # ascontiguousarray would turn a 0-d array into shape (1,).
-    return wire if wire.flags.c_contiguous else wire.copy(order="C")
+    return (wire if wire.flags.c_contiguous else wire.copy(order="C")), dtype
 
 
 def _bytes_of(array: np.ndarray[Any, Any]) -> memoryview:
@@ -290,9 +294,8 @@ class FramedChannel:
                         )
                     )
                     continue
-                array = _wire_array(array_name, value)
-                dtype = descriptor_dtype(array.dtype)
-                shape = tuple(int(dim) for dim in array.shape)
+                array, dtype = _wire_array(array_name, value)
+                shape = array.shape
                 if arena is not None and array.nbytes > ARENA_THRESHOLD:
                     put = arena.put(array)
                     if put is not None:
