@@ -331,9 +331,11 @@ def _picker(indexes: list[int]) -> Any:
     return operator.itemgetter(*indexes)
 
 
-#: Layouts seen, by the header's length and first four bytes (kind, flags, buffer count).
-_TEMPLATES: dict[tuple[int, bytes], _Template] = {}
+#: Layouts seen, by the header's length and first four bytes (kind, flags, buffer count):
+#: the latest few of each (two stages' results may share both).
+_TEMPLATES: dict[tuple[int, bytes], list[_Template]] = {}
 _TEMPLATE_LIMIT: Final = 256
+_TEMPLATES_PER_KEY: Final = 4
 
 
 def decode_header(raw: bytes, max_buffers: int) -> Decoded:
@@ -342,14 +344,15 @@ def decode_header(raw: bytes, max_buffers: int) -> Decoded:
     the layout of one decoded before (the same stage's next call or result) is decoded from
     that layout (:class:`_Template`)."""
     key = (len(raw), bytes(raw[:4]))
-    template = _TEMPLATES.get(key)
-    if template is not None and _HEAD.unpack_from(raw)[2] <= max_buffers:
-        try:
-            found = template.match(raw)
-        except (DescriptorError, struct.error):
-            found = None
-        if found is not None:
-            return found
+    known = _TEMPLATES.get(key)
+    if known and _HEAD.unpack_from(raw)[2] <= max_buffers:
+        for template in known:
+            try:
+                found = template.match(raw)
+            except (DescriptorError, struct.error):
+                found = None
+            if found is not None:
+                return found
     spans: list[_Span] = []
     try:
         decoded = _decode(raw, max_buffers, spans)
@@ -358,7 +361,10 @@ def decode_header(raw: bytes, max_buffers: int) -> Decoded:
     if decoded[0] != "ack":
         if len(_TEMPLATES) >= _TEMPLATE_LIMIT:
             _TEMPLATES.clear()
-        _TEMPLATES[key] = _Template(bytes(raw), decoded, spans)
+        # A new list each time: another thread may be walking the old one.
+        _TEMPLATES[key] = [_Template(bytes(raw), decoded, spans), *(known or ())][
+            :_TEMPLATES_PER_KEY
+        ]
     return decoded
 
 

@@ -220,3 +220,28 @@ def test_the_encoder_writes_the_same_bytes_from_what_it_kept() -> None:
     assert (
         binary.encode_header("call", {**_call_body(1), "input_names": [too_long]}, [], []) is None
     )
+
+
+def test_two_layouts_of_the_same_length_are_both_kept() -> None:
+    """Two stages' results may share a header's length and first bytes: neither evicts the
+    other, and each decodes as the full decoder decodes it."""
+    body: dict[str, object] = {
+        "call_id": 1,
+        "request_id": "req-0001",
+        "epoch": 1,
+        "run_s": 0.25,
+        "copied_bytes": 0,
+    }
+    first = {**body, "output_names": ["y1"]}
+    second = {**body, "output_names": ["y2"]}
+    descriptors = [BufferDescriptor.for_array("ort-1", 4, DType.FLOAT32, (1, 1024))]
+    binary._TEMPLATES.clear()
+    raw_first = _header("result", first, descriptors)
+    raw_second = _header("result", second, descriptors)
+    assert len(raw_first) == len(raw_second)
+    binary.decode_header(raw_first, 256)
+    binary.decode_header(raw_second, 256)
+    assert len(next(iter(binary._TEMPLATES.values()))) == 2
+    assert binary.decode_header(raw_first, 256)[1]["output_names"] == ["y1"]
+    assert binary.decode_header(raw_second, 256)[1]["output_names"] == ["y2"]
+    assert len(next(iter(binary._TEMPLATES.values()))) == 2, "both matched: nothing re-added"
