@@ -10,10 +10,11 @@ requests at once, so its graph stages and its language model share the cores.
 Between calls, a worker whose calls come back to back waits for the next one awake for a
 short while (:data:`SPIN_WAIT_US`, polling its input) instead of sleeping: a sleeping
 process is woken by the pipe, which on two virtual cores took about 60 us of each call's
-round trip. It does so only where the plan leaves a core for it (the pipeline's only graph stage, at
-least two cores, no language model beside it: in a chain, one stage's worker waiting
-awake would take a core from the next stage's pool) and only while the gaps between its calls stay shorter than the
-wait (the worker measures them), so a stage called now and then never spins.
+round trip. It does so only where the plan leaves a core for it (the pipeline's only graph
+stage, at least two cores, no language model beside it: in a chain, one stage's worker
+waiting awake would take a core from the next stage's pool) and only while the gaps
+between its calls stay shorter than the wait (the worker measures them), so a stage called
+now and then never spins.
 
 ONNX Runtime's idle threads spin only where a pool has cores to itself: the controller
 takes each result on the same cores the moment a call ends, and a pool that spins on
