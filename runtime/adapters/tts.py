@@ -352,10 +352,19 @@ class _Pacer:
         if self.seconds_per_frame is None:
             return self.schedule[self.level]
         window = self._window(lead_s)
-        if remaining <= largest_final and window >= remaining + self.context_frames // 2:
-            # The rest of the utterance in one call (its window has no right context).
-            return remaining
         size = int(min(max(window - self.context_frames, self.schedule[0]), self.schedule[-1]))
+        final_window = remaining + self.context_frames // 2
+        # The rest of the utterance in one call (its window has no right context) when the lead
+        # pays for it; also when it leaves no more than a context's worth and the lead still
+        # covers the call once: a call for that rest alone would cost about as much again.
+        if remaining <= largest_final and (
+            window >= final_window
+            or (
+                remaining - size <= self.context_frames
+                and lead_s >= (self.seconds_per_frame or 0.0) * final_window
+            )
+        ):
+            return remaining
         return min(size, remaining)
 
 

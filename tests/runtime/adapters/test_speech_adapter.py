@@ -550,6 +550,9 @@ def test_chunks_grow_with_the_players_lead_and_shrink_when_it_runs_short() -> No
     assert pacer.next_size(0.4, first=False, remaining=240) == 240
     assert pacer.next_size(0.35, first=False, remaining=240) == 193
     assert pacer.next_size(5.0, first=False, remaining=532) == 532
+    # A rest of no more than the context goes with this call when the lead covers it once.
+    assert pacer.next_size(0.35, first=False, remaining=230) == 230
+    assert pacer.next_size(0.24, first=False, remaining=230) == 120
     assert pacer.next_size(5.0, first=False, remaining=533) == 512
     # Never more than the rest.
     assert pacer.next_size(0.05, first=False, remaining=20) == 20
