@@ -558,6 +558,15 @@ def test_chunks_grow_with_the_players_lead_and_shrink_when_it_runs_short() -> No
     assert pacer.next_size(0.05, first=False, remaining=20) == 20
 
 
+def test_a_calls_fixed_cost_is_not_spread_over_its_frames() -> None:
+    pacer = _Pacer((32, 64, 128, 256, 512), context_frames=40, call_frames=10)
+    pacer.next_size(0.0, first=True, remaining=1000)
+    pacer.measured(52, 0.062)  # 62 ms: 1 ms per frame, the call counted as 10 more frames
+    # The lead pays for a window of 0.6 / 1.5 / 1 ms = 400 frames, less the call's 10.
+    assert pacer.next_size(0.6, first=False, remaining=968) == 350
+    assert _Pacer((32,), context_frames=40).call_frames == 0
+
+
 def test_deterministic_chunks_follow_the_schedule_whatever_the_timing() -> None:
     for lead in (0.0, 0.1, 10.0):
         pacer = _Pacer((16, 32, 128), context_frames=44, adaptive=False)
