@@ -368,7 +368,7 @@ class _Pacer:
             window >= final_window
             or (
                 remaining - size <= self.context_frames
-                and lead_s >= (self.seconds_per_frame or 0.0) * final_window
+                and lead_s >= self.seconds_per_frame * (final_window + self.call_frames)
             )
         ):
             return remaining
