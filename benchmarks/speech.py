@@ -17,9 +17,9 @@ every run for the figures. Where the pipeline's time went comes from each reques
 (see :mod:`runtime.adapters.tts`): the medians over every run of the acoustic and decoder
 calls' model and transport time, the waits for the caller and the adapter's own work, each as
 a share of the request's wall time, with the decoder's window frames per kept frame, its time
-per window frame and the context, windows and overlap the adapter chose; goals: first audio
-no later than Piper's first sentence, and a real-time factor at most 1.2 times Piper's own in
-the same run. Goals are reported, never asserted. The JSON goes to
+per window frame and the context, schedule, windows, acoustic call shapes and overlap the
+adapter chose; goals: first audio no later than Piper's first sentence, and a real-time factor
+at most 1.2 times Piper's own in the same run. Goals are reported, never asserted. The JSON goes to
 ``benchmarks/results/speech.json`` (or ``--out``); the suite calls
 :func:`run_speech_benchmark`.
 """
@@ -124,7 +124,7 @@ def measure(*, quick: bool, progress: Any = None) -> dict[str, Any]:
                         timings.append(dict(engine["timing"]))
                         chosen = {
                             key: engine[key]
-                            for key in ("context", "windows", "overlap", "schedule")
+                            for key in ("context", "windows", "acoustic_ids", "overlap", "schedule")
                         }
                     else:
                         first, rtf = _piper_run(piper, text)
@@ -254,6 +254,8 @@ def run_speech_benchmark(*, quick: bool) -> dict[str, object]:
     adapter = document["adapter"]
     details["decoder.context_frames"] = adapter["context"][0]
     details["decoder.windows"] = adapter["windows"]
+    details["decoder.schedule"] = adapter["schedule"]
+    details["acoustic.ids"] = adapter["acoustic_ids"]
     details["overlap_sentences"] = adapter["overlap"]
     return details
 

@@ -5,21 +5,23 @@ phonemizes it in the caller's thread (bad input raises :class:`SpeechInputError`
 utterance fits the acoustic bundle's largest bucket. :meth:`SpeechAdapter.run` then, per
 utterance:
 
-1. calls the acoustic stage once: phoneme ids zero-padded to the smallest fitting bucket ->
-   latent frames ``z`` and the frame mask;
+1. calls the acoustic stage once: phoneme ids (as many as the utterance has on routes that
+   accept dynamic shapes, else zero-padded to the smallest fitting bucket) -> latent frames
+   ``z`` and the frame mask;
 2. calls the decoder stage once per chunk of frames. Each call decodes a window: the chunk plus
    the voice's context frames on both sides (chosen at export by measuring the joins, see
    :mod:`runtime.adapters.voice_export`), sized to the chunk on routes that accept dynamic
    shapes, or padded to a fixed bucket on routes that need static shapes. Only the samples of
    the kept frames are used, so the chunks join into what one whole decode gives (to the SNR in
-   the voice's validation record). Chunk sizes come from the schedule: a short first chunk
-   for early audio, then the largest size the player is far enough ahead for (the audio
-   emitted leads the time since the first chunk by at least :data:`GROW_MARGIN` times the
-   measured time of that call), a smaller one when the lead no longer covers a call; a short
-   rest of the utterance (up to the context or the chunk's size) goes with the chunk before
-   it, under the same condition, instead of paying a window's context alone. With
-   ``deterministic`` scales the sizes follow the schedule in order (the last one repeating),
-   so the same text always gives the same samples;
+   the voice's validation record). Chunk sizes come from the schedule: its first size for
+   early audio, then as many frames as the player's lead pays for (the audio emitted leads
+   the time since the first chunk by at least :data:`GROW_MARGIN` times the measured time of
+   that call's window), between the schedule's first and last sizes, and the whole rest of
+   the utterance at once when the lead pays for it (its window has no right context): each
+   join costs a window's context, so the fewer calls the less the decoder does beyond one
+   whole decode. With ``deterministic`` scales the sizes follow the schedule in order (the
+   last one repeating, a short rest going with the chunk before it), so the same text always
+   gives the same samples;
 3. emits each chunk at once as an :class:`~runtime.engine.outputs.OmniRequestOutput` with
    ``finished=False`` and outputs ``pcm`` (float32, 1-D, mono), ``sample_rate``, ``chunk_index``
    (over the whole request), ``sentence_index`` and ``sentence_samples`` (the length of the
@@ -47,7 +49,7 @@ Adapter options (``adapter.options`` in the pipeline file):
 ``voice``
     The exported voice's name; the acoustic bundle must hold that voice (``metadata.voice_name``).
 ``schedule``
-    Frames each decoder call keeps, in order of growth, e.g. ``[16, 32, 64, 128, 256]``;
+    Frames each decoder call keeps, in order of growth, e.g. ``[32, 64, 128, 256, 512]``;
     default: the decoder bundle's ``metadata.schedule``. Each size plus both context sides must
     fit the largest decoder bucket.
 ``scales``
@@ -59,9 +61,11 @@ Adapter options (``adapter.options`` in the pipeline file):
 ``overlap_sentences``
     ``auto`` (default: as the thread plan allows), ``true`` (always) or ``false`` (never).
 ``windows``
-    ``auto`` (default: sized to the chunk when the decoder bundle declares ``sized_axis`` and
-    every provider the decoder's route allows accepts dynamic shapes, see
-    :data:`SIZED_WINDOW_PROVIDERS`), ``sized`` or ``buckets``.
+    ``auto`` (default: per stage, the decoder's windows sized to the chunk and the acoustic
+    call's ids sized to the utterance when that stage's bundle declares ``sized_axis`` and
+    every provider its route allows accepts dynamic shapes, see
+    :data:`SIZED_WINDOW_PROVIDERS`), ``sized`` (both stages) or ``buckets`` (both stages
+    padded to their fixed buckets).
 """
 
 from __future__ import annotations
@@ -119,9 +123,15 @@ SCALES_KEYWORDS: Final = ("voice", "deterministic")
 WINDOW_KEYWORDS: Final = ("auto", "sized", "buckets")
 #: Execution providers that run a graph on inputs of any length without recompiling it.
 SIZED_WINDOW_PROVIDERS: Final = frozenset({"CPUExecutionProvider"})
-#: The decoder takes a chunk size once the player's lead is this many times the measured
-#: time of that call.
-GROW_MARGIN: Final = 2.0
+#: A decoder call keeps as many frames as the player's lead pays for this many times over (at
+#: the measured time per window frame). The lead counts from the first chunk, as if playback
+#: started there; players start later, once their cushion is queued.
+GROW_MARGIN: Final = 1.5
+#: A decoder call's fixed cost, in window frames: measured on two cores, a 52-frame window took
+#: about 35 ms and a 390-frame one 230 ms (0.57 ms per frame and about 5 ms per call). Without
+#: it, the short first call would make every frame look dearer than it is, and the next
+#: call smaller than the lead pays for.
+CALL_FRAMES: Final = 10
 MAX_SENTENCE_SILENCE_S: Final = 10.0
 #: The decoder bundle's audio output.
 _AUDIO_OUTPUT: Final = "audio"
@@ -303,25 +313,33 @@ class _Timeline:
 
 @dataclass(slots=True)
 class _Pacer:
-    """Chooses each decoder call's chunk size (see the module): the schedule's next size once
-    the player is far enough ahead, the previous one when the lead no longer covers a call."""
+    """Chooses each decoder call's chunk size (see the module): after the short first chunk,
+    the largest the player's lead pays for :data:`GROW_MARGIN` times over, between the
+    schedule's first and last sizes; with ``adaptive`` off, the schedule in order."""
 
     schedule: tuple[int, ...]
     context_frames: int
     #: False: the schedule in order and no timing involved, so the chunks (and the float
     #: rounding at their joins) are the same on every run of the same text.
     adaptive: bool = True
+    #: Frames a call keeps at most when it ends its utterance (no right context to decode):
+    #: the largest size plus the right context; default: the largest size.
+    largest_final: int | None = None
+    margin: float = GROW_MARGIN
+    #: A call's fixed cost, in window frames (see :data:`CALL_FRAMES`).
+    call_frames: int = 0
     level: int = 0
     seconds_per_frame: float | None = None
 
     def measured(self, window_frames: int, seconds: float) -> None:
-        rate = seconds / max(1, window_frames)
+        rate = seconds / max(1, window_frames + self.call_frames)
         previous = self.seconds_per_frame
         self.seconds_per_frame = rate if previous is None else 0.5 * (previous + rate)
 
-    def _cost(self, level: int) -> float:
+    def _window(self, lead_s: float) -> float:
+        """The longest window (frames) the lead pays for ``margin`` times over."""
         assert self.seconds_per_frame is not None
-        return self.seconds_per_frame * (self.schedule[level] + self.context_frames)
+        return lead_s / (self.margin * max(self.seconds_per_frame, 1e-9)) - self.call_frames
 
     def next_size(self, lead_s: float, first: bool, remaining: int) -> int:
         """Frames the next call keeps, of the ``remaining`` frames of its utterance."""
@@ -329,30 +347,32 @@ class _Pacer:
         if first:
             self.level = 0
             return self.schedule[0]
+        largest_final = max(self.schedule[-1], self.largest_final or 0)
         if not self.adaptive:
             self.level = min(self.level + 1, top)
-        elif self.seconds_per_frame is None:
+            size = self.schedule[self.level]
+            rest = remaining - size
+            # A short rest goes with the chunk before it: one window's context fewer.
+            if 0 < rest <= max(self.context_frames, size) and remaining <= self.schedule[-1]:
+                return remaining
+            return size
+        if self.seconds_per_frame is None:
             return self.schedule[self.level]
-        else:
-            while self.level < top and lead_s >= GROW_MARGIN * self._cost(self.level + 1):
-                self.level += 1
-            while self.level > 0 and lead_s < self._cost(self.level):
-                self.level -= 1
-        size = self.schedule[self.level]
-        rest = remaining - size
-        # A short rest is taken with this call rather than alone: one window's context fewer,
-        # within the largest size and when the player is far enough ahead for the longer call.
-        if (
-            0 < rest <= max(self.context_frames, size)
-            and remaining <= self.schedule[-1]
-            and (
-                not self.adaptive
-                or lead_s
-                >= GROW_MARGIN * (self.seconds_per_frame or 0.0) * (remaining + self.context_frames)
+        window = self._window(lead_s)
+        size = int(min(max(window - self.context_frames, self.schedule[0]), self.schedule[-1]))
+        final_window = remaining + self.context_frames // 2
+        # The rest of the utterance in one call (its window has no right context) when the lead
+        # pays for it; also when it leaves no more than a context's worth and the lead still
+        # covers the call once: a call for that rest alone would cost about as much again.
+        if remaining <= largest_final and (
+            window >= final_window
+            or (
+                remaining - size <= self.context_frames
+                and lead_s >= self.seconds_per_frame * (final_window + self.call_frames)
             )
         ):
             return remaining
-        return size
+        return min(size, remaining)
 
 
 class SpeechAdapter:
@@ -421,23 +441,29 @@ class SpeechAdapter:
         self.adaptive_chunks = scales != "deterministic" and self.scales[0] + self.scales[2] > 0
         self.sample_rate = voice.sample_rate
         self.samples_per_frame = settings.samples_per_frame
-        decoder_route = config.stages[DECODER_STAGE].backend
-        assert isinstance(decoder_route, GraphBackendConfig)
-        accepts_sized = settings.sized and set(decoder_route.route.allowed_providers) <= set(
-            SIZED_WINDOW_PROVIDERS
-        )
-        if self.options.windows == "sized" and not settings.sized:
-            raise SpeechOptionsError(
-                f"windows 'sized', but {self.bundles.decoder.manifest_path} declares no "
-                "sized_axis; accepted: 'buckets' or 'auto' (export the voice again)",
-                file=source,
-                line=line,
-                key="adapter.options.windows",
+        sized: list[bool] = []
+        for stage_id, bundle, declared in (
+            (ACOUSTIC_STAGE, self.bundles.acoustic, self.bundles.acoustic_settings.sized),
+            (DECODER_STAGE, self.bundles.decoder, settings.sized),
+        ):
+            route = config.stages[stage_id].backend
+            assert isinstance(route, GraphBackendConfig)
+            if self.options.windows == "sized" and not declared:
+                raise SpeechOptionsError(
+                    f"windows 'sized', but {bundle.manifest_path} declares no sized_axis; "
+                    "accepted: 'buckets' or 'auto' (export the voice again)",
+                    file=source,
+                    line=line,
+                    key="adapter.options.windows",
+                )
+            accepts = declared and set(route.route.allowed_providers) <= SIZED_WINDOW_PROVIDERS
+            sized.append(
+                accepts if self.options.windows == "auto" else self.options.windows == "sized"
             )
+        #: Acoustic calls sized to the utterance (True) or its ids padded to the fixed buckets.
+        self.sized_acoustic = sized[0]
         #: Decoder windows sized to each chunk (True) or padded to the fixed buckets.
-        self.sized_windows = (
-            accepts_sized if self.options.windows == "auto" else self.options.windows == "sized"
-        )
+        self.sized_windows = sized[1]
         overlap = self.options.overlap_sentences
         #: Stage ids this program may call at the same time (read by the engine's thread plan).
         self.concurrent_stages: tuple[int, ...] = (
@@ -489,7 +515,13 @@ class SpeechAdapter:
     async def run(self, ctx: RequestContext, plan: SpeechPlan) -> None:
         timeline = _Timeline(submitted_at=ctx.request.submitted_at, sample_rate=self.sample_rate)
         settings = self.bundles.decoder_settings
-        pacer = _Pacer(self.schedule, sum(settings.context), adaptive=self.adaptive_chunks)
+        pacer = _Pacer(
+            self.schedule,
+            sum(settings.context),
+            adaptive=self.adaptive_chunks,
+            largest_final=max(settings.buckets) - settings.context[0],
+            call_frames=CALL_FRAMES,
+        )
         sentences = plan.sentences
         decoder_name = ctx.stage_name(DECODER_STAGE)
         prefetched: asyncio.Task[CallResult] | None = None
@@ -583,7 +615,12 @@ class SpeechAdapter:
     async def _acoustic(
         self, ctx: RequestContext, utterance: Utterance, index: int, timeline: _Timeline
     ) -> CallResult:
-        inputs = acoustic_inputs(utterance.ids, self.bundles.acoustic_settings.buckets, self.scales)
+        inputs = acoustic_inputs(
+            utterance.ids,
+            self.bundles.acoustic_settings.buckets,
+            self.scales,
+            sized=self.sized_acoustic,
+        )
         started = time.perf_counter()
         result = await ctx.call(ACOUSTIC_STAGE, inputs)
         timeline.step(
@@ -639,6 +676,7 @@ class SpeechAdapter:
             "schedule": list(self.schedule),
             "context": list(self.bundles.decoder_settings.context),
             "windows": "sized" if self.sized_windows else "buckets",
+            "acoustic_ids": "sized" if self.sized_acoustic else "buckets",
             "overlap": self.overlap,
             "skipped": [item.to_json() for item in plan.skipped],
             "timing": timeline.timing(

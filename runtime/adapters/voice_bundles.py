@@ -19,14 +19,18 @@ if TYPE_CHECKING:
 
 #: Version of the bundle layout this module writes; bundles of another format are re-exported.
 #: 2: context chosen by measurement, windows sized to the chunk, chunks up to 256 frames.
-EXPORT_FORMAT: Final = 2
+#: 3: acoustic calls sized to the utterance (``metadata.sized_axis``, a 32-id bucket), decoder
+#:    chunks from 32 up to 512 frames.
+EXPORT_FORMAT: Final = 3
 
 
 @dataclass(frozen=True, slots=True)
 class AcousticSettings:
-    """How the acoustic bundle is called: its phoneme-id buckets."""
+    """How the acoustic bundle is called: its phoneme-id buckets; ``sized`` says it accepts any
+    id count between its smallest and largest bucket (``metadata.sized_axis``)."""
 
     buckets: tuple[int, ...]
+    sized: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +167,7 @@ def read_voice_bundles(
         acoustic=acoustic,
         decoder=decoder,
         voice=voice,
-        acoustic_settings=AcousticSettings(ac_buckets),
+        acoustic_settings=AcousticSettings(ac_buckets, sized=meta.get("sized_axis") is not None),
         decoder_settings=DecoderSettings(
             schedule,
             (context[0], context[1]),

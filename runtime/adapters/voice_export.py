@@ -13,17 +13,19 @@ I/O of the bundles (float32 unless noted)::
     decoder   z [1, 192, W]  mask [1, 1, W]                          ->  audio [1, 1, 1, W * 256]
 
 ``P`` is one of the acoustic buckets (phoneme ids, zero-padded, the real count in
-``input_lengths``); ``F`` follows from the predicted durations. ``W`` is one of the decoder
+``input_lengths``), or on routes that accept dynamic shapes the utterance's own id count (the
+acoustic bundle's ``metadata.sized_axis``; padded only up to the smallest bucket); ``F``
+follows from the predicted durations. ``W`` is one of the decoder
 buckets: a window of frames around the chunk a call keeps (see :func:`decode_chunks_plan`).
 Every bucket is listed in the manifest's ``metadata.buckets``; the graph worker accepts and warms
 up each of them.
 
 The export first chooses the decoder's context: three fixed sentences go through the uncut
-voice and through the two stages (acoustic bucket + chunked decoder), with noise scales 0 so
+voice and through the two stages (acoustic call + chunked decoder), with noise scales 0 so
 both are deterministic, for each of :data:`CONTEXT_CANDIDATES` from the smallest; it keeps the
 smallest context whose joins reach :data:`CONTEXT_TARGET_SNR_DB` for the shipped schedule and for
-every chunk size of it alone, with windows sized to the chunk. It then validates that choice,
-windows sized to the chunk and fixed buckets alike, and fails unless every case reaches
+every chunk size of it alone, with the acoustic call and the windows sized. It then validates
+that choice, sized and padded to fixed buckets alike, and fails unless every case reaches
 :data:`MIN_SNR_DB`. ``metadata.validation`` records the sweep, the chosen context and schedule
 and the SNR of every case; the decoder's ``metadata.sized_axis`` lets routes that accept dynamic
 shapes call it on windows of any length between its smallest and largest bucket.
@@ -124,8 +126,10 @@ __all__ = [
     "snr_db",
 ]
 
-#: Phoneme-id lengths of the acoustic buckets (utterances are padded to the next one).
-DEFAULT_ACOUSTIC_BUCKETS: Final = (64, 128, 256)
+#: Phoneme-id lengths of the acoustic buckets: routes that need static shapes pad utterances
+#: to the next one; routes that accept dynamic shapes call with the utterance's own length
+#: (padded to the smallest bucket only when shorter).
+DEFAULT_ACOUSTIC_BUCKETS: Final = (32, 64, 128, 256)
 #: Acceptance of the validation: two-stage chunked audio against the uncut voice, every case.
 MIN_SNR_DB: Final = 40.0
 #: The largest sample error accepted at that SNR (the joins' errors stay in a few frames).
@@ -228,8 +232,12 @@ class _Stages:
     decoder: ort.InferenceSession
     id_buckets: tuple[int, ...]
 
-    def latents(self, ids: Sequence[int], scales: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
-        z, mask = self.acoustic.run(["z", "mask"], acoustic_inputs(ids, self.id_buckets, scales))
+    def latents(
+        self, ids: Sequence[int], scales: Sequence[float], *, sized: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        z, mask = self.acoustic.run(
+            ["z", "mask"], acoustic_inputs(ids, self.id_buckets, scales, sized=sized)
+        )
         return np.asarray(z), np.asarray(mask)
 
     def decode(self, z: np.ndarray, mask: np.ndarray, plans: Sequence[ChunkPlan]) -> np.ndarray:
@@ -242,13 +250,18 @@ class _Stages:
 
 @dataclass(frozen=True, slots=True)
 class _Sentence:
-    """One validation sentence: its ids, latents and the uncut voice's audio."""
+    """One validation sentence: its ids, latents (``sized``: the acoustic call sized to the
+    ids; ``z``, ``mask``: padded to a bucket) and the uncut voice's audio."""
 
     text: str
     ids: tuple[int, ...]
     z: np.ndarray
     mask: np.ndarray
     reference: np.ndarray
+    sized: tuple[np.ndarray, np.ndarray]
+
+    def latents(self, *, sized: bool) -> tuple[np.ndarray, np.ndarray]:
+        return self.sized if sized else (self.z, self.mask)
 
 
 def _sentences(
@@ -277,14 +290,16 @@ def _sentences(
             )[0]
         ).reshape(-1)
         z, mask = stages.latents(ids, scales)
-        if int(z.shape[2]) * voice.hop_length != reference.size:
-            raise VoiceExportError(
-                f"validation sentence {text!r}: the two stages give {z.shape[2]} frames, the "
-                f"uncut voice {reference.size} samples",
-                code="validation_failed",
-                subject=text,
-            )
-        out.append(_Sentence(text, tuple(ids), z, mask, reference))
+        sized = stages.latents(ids, scales, sized=True)
+        for frames in (z.shape[2], sized[0].shape[2]):
+            if int(frames) * voice.hop_length != reference.size:
+                raise VoiceExportError(
+                    f"validation sentence {text!r}: the two stages give {frames} frames, the "
+                    f"uncut voice {reference.size} samples",
+                    code="validation_failed",
+                    subject=text,
+                )
+        out.append(_Sentence(text, tuple(ids), z, mask, reference, sized))
     return out
 
 
@@ -303,9 +318,11 @@ def _joins(
     sized: bool,
 ) -> tuple[float, float, list[int]]:
     """SNR (dB) and max sample error of one chunked decode against the uncut voice, with the
-    window lengths it used."""
-    plans = settings.plan(int(sentence.z.shape[2]), schedule, sized=sized)
-    audio = stages.decode(sentence.z, sentence.mask, plans)
+    window lengths it used (``sized``: the acoustic call and the decoder's windows sized, as on
+    routes that accept dynamic shapes; otherwise both padded to buckets)."""
+    z, mask = sentence.latents(sized=sized)
+    plans = settings.plan(int(z.shape[2]), schedule, sized=sized)
+    audio = stages.decode(z, mask, plans)
     error = float(np.max(np.abs(audio - sentence.reference)))
     return snr_db(sentence.reference, audio), error, [plan.bucket for plan in plans]
 
@@ -380,6 +397,11 @@ def _validate(
                             "text": sentence.text,
                             "phoneme_ids": len(sentence.ids),
                             "acoustic_bucket": pick_bucket(len(sentence.ids), stages.id_buckets),
+                            "acoustic_ids": int(
+                                acoustic_inputs(
+                                    sentence.ids, stages.id_buckets, (0.0, 1.0, 0.0), sized=True
+                                )["input"].shape[1]
+                            ),
                             "frames": int(sentence.z.shape[2]),
                             "decoder_windows": used,
                             "samples": int(sentence.reference.size),
@@ -411,9 +433,10 @@ def _validate(
     )
     return {
         "method": (
-            "two stages (acoustic bucket, chunked decoder) against the uncut voice, ONNX Runtime "
+            "two stages (acoustic call, chunked decoder) against the uncut voice, ONNX Runtime "
             "CPU, deterministic noise; each case is a schedule (the shipped one, then each of "
-            "its sizes alone) with windows sized to the chunk or fixed buckets"
+            "its sizes alone) with the acoustic call sized to the utterance and windows sized "
+            "to the chunk, or both padded to fixed buckets"
         ),
         "onnxruntime": ort.__version__,
         "scales": [0.0, voice.length_scale, 0.0],
@@ -531,7 +554,10 @@ def _export(
         validation = _validate(stages, sentences, settings, config, sweep)
         step(f"validated the joins: SNR >= {validation['min_snr_db']} dB against the uncut voice")
         example_ids = phonemizer.ids(_EXAMPLE_SENTENCE)[0]
-        acoustic_example = acoustic_inputs(example_ids, id_buckets[:1], config.scales)
+        # Deterministic scales: every bucket's warm-up then gives the same frames, which lets
+        # the worker read the outputs' shapes as independent of the sized axis.
+        deterministic = (0.0, config.length_scale, 0.0)
+        acoustic_example = acoustic_inputs(example_ids, id_buckets[:1], deterministic)
         z, mask = stages.latents(example_ids, config.scales)
         # The decoder's example is the smallest window: the first frames of the example.
         real = min(int(z.shape[2]), frame_buckets[0])
@@ -560,9 +586,11 @@ def _export(
                 layout=(
                     "input int64[1,P] phoneme ids zero-padded to a bucket P, input_lengths "
                     "int64[1], scales float32[3] (noise, length, noise_w) -> z float32[1,192,F], "
-                    "mask float32[1,1,F]"
+                    "mask float32[1,1,F]; P is a bucket, or any length between the smallest and "
+                    "the largest bucket on routes that accept dynamic shapes (sized_axis)"
                 ),
                 id_buckets=list(id_buckets),
+                sized_axis={"inputs": {"input": 1}},
                 buckets=[
                     {"input": [1, size], "input_lengths": [1], "scales": [3]} for size in id_buckets
                 ],

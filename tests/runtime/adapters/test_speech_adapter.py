@@ -16,7 +16,7 @@ from piper import SynthesisConfig
 from runtime.adapters.speak import NotASpeechPipeline, speak
 from runtime.adapters.tts import SpeechAdapter, SpeechOptions, SpeechOptionsError, _Pacer
 from runtime.adapters.tts_text import SpeechInputError, SpeechPlan, Utterance
-from runtime.adapters.voice_export import acoustic_inputs, snr_db
+from runtime.adapters.voice_export import DEFAULT_SCHEDULE, acoustic_inputs, snr_db
 from runtime.api import AsyncOmni, Omni
 from runtime.audio import AudioPlayer
 from runtime.backends.threads import plan_threads
@@ -85,9 +85,13 @@ def _drain(outputs: Iterable[OmniRequestOutput]) -> list[dict[str, Any]]:
     return taken
 
 
-def _whole_decode(sessions: Sessions, ids: tuple[int, ...], buckets: tuple[int, ...]) -> np.ndarray:
-    """One decoder run over every latent frame of an utterance (no chunks), in this process."""
-    z, mask = sessions.acoustic.run(["z", "mask"], acoustic_inputs(ids, buckets, (0.0, 1.0, 0.0)))
+def _whole_decode(
+    sessions: Sessions, ids: tuple[int, ...], buckets: tuple[int, ...], *, sized: bool
+) -> np.ndarray:
+    """One decoder run over every latent frame of an utterance (no chunks), in this process,
+    on the latents of an acoustic call shaped as the adapter shapes it (``sized``)."""
+    inputs = acoustic_inputs(ids, buckets, (0.0, 1.0, 0.0), sized=sized)
+    z, mask = sessions.acoustic.run(["z", "mask"], inputs)
     (audio,) = sessions.decoder.run(["audio"], {"z": z, "mask": mask})
     return np.asarray(audio, dtype=np.float32).reshape(-1)
 
@@ -178,11 +182,11 @@ def test_chunks_stream_join_into_a_whole_decode_and_sound_like_piper(
     for index, sentence in enumerate(plan.sentences):
         pieces = [chunk["pcm"] for chunk in chunks if chunk["sentence_index"] == index]
         sizes = [piece.size // 256 for piece in pieces]
-        whole = _whole_decode(sessions, sentence.ids, buckets)
+        whole = _whole_decode(sessions, sentence.ids, buckets, sized=adapter.sized_acoustic)
         # A short first chunk for early audio, then sizes of the schedule (the last chunk of
         # each utterance keeps the rest).
         if index == 0:
-            assert sizes[0] == adapter.schedule[0] == 16
+            assert sizes[0] == adapter.schedule[0] == DEFAULT_SCHEDULE[0]
         assert set(sizes[:-1]) <= set(adapter.schedule)
         streamed = np.concatenate(pieces)
         assert streamed.size == whole.size
@@ -212,6 +216,7 @@ def test_chunks_stream_join_into_a_whole_decode_and_sound_like_piper(
     assert metrics["skipped"] == []
     assert metrics["scales"] == [0.0, 1.0, 0.0]
     assert metrics["windows"] == "sized"
+    assert metrics["acoustic_ids"] == "sized"
     assert metrics["context"] == list(adapter.bundles.decoder_settings.context)
     _check_timing(metrics, wall_s, len(chunks), sentences=2)
     print(
@@ -252,7 +257,7 @@ def test_cancel_mid_utterance_of_a_long_text_stops_and_leaves_nothing(
         outputs = omni.generate(LONG_TEXT, request_id="long-text")
         first = next(outputs)
         first_audio_s = time.perf_counter() - started
-        assert first.outputs["pcm"].size == 16 * 256
+        assert first.outputs["pcm"].size == DEFAULT_SCHEDULE[0] * 256
         assert next(outputs).outputs["chunk_index"] == 1
         decoder = omni.orchestrator.clients[1]
         wait_until(lambda: decoder.slot is not None, "a decoder call in flight")
@@ -389,7 +394,8 @@ def test_options_that_do_not_fit_the_bundles_are_refused(exported: Exported) -> 
     widest = exported.bundles.decoder_settings.buckets[-1]
     config = speak_config(exported, schedule=[16, widest])
     assert config.adapter is not None
-    with pytest.raises(SpeechOptionsError, match=rf"chunk size {widest} .* sizes up to 256"):
+    largest = DEFAULT_SCHEDULE[-1]
+    with pytest.raises(SpeechOptionsError, match=rf"chunk size {widest} .* sizes up to {largest}"):
         SpeechAdapter(config, config.adapter.options)
     one_stage = dataclasses.replace(config, stages=config.stages[:1])
     with pytest.raises(SpeechOptionsError, match="decoder voice bundle as graph stage 1"):
@@ -429,7 +435,9 @@ def test_overlapped_sentences_and_silence_stream_the_same_audio_through_async_om
     buckets = adapter.bundles.acoustic_settings.buckets
     expected = []
     for index, sentence in enumerate(plan.sentences):
-        expected.append(_whole_decode(sessions, sentence.ids, buckets))
+        expected.append(
+            _whole_decode(sessions, sentence.ids, buckets, sized=adapter.sized_acoustic)
+        )
         if index < len(plan.sentences) - 1:
             expected.append(np.zeros(round(0.1 * RATE), np.float32))
     streamed = np.concatenate([output["pcm"] for output in outputs])
@@ -440,12 +448,12 @@ def test_overlapped_sentences_and_silence_stream_the_same_audio_through_async_om
     assert not any(output["finished"] for output in outputs[:-1])
 
 
-FIXED_SCHEDULES = [(16,), (32,), (64,), (128,), (256,)]
+FIXED_SCHEDULES = [(size,) for size in DEFAULT_SCHEDULE]
 
 
 @pytest.mark.parametrize(
     ("schedule", "windows"),
-    [*((one, "sized") for one in FIXED_SCHEDULES), ((16, 32, 64, 128, 256), "buckets")],
+    [*((one, "sized") for one in FIXED_SCHEDULES), (DEFAULT_SCHEDULE, "buckets")],
     ids=[*(f"sized-{one[0]}" for one in FIXED_SCHEDULES), "buckets-shipped"],
 )
 def test_streamed_joins_reach_the_validation_record_for_every_window_size(
@@ -468,7 +476,13 @@ def test_streamed_joins_reach_the_validation_record_for_every_window_size(
         outputs = _drain(omni.generate(text))
     *chunks, final = outputs
     (sentence,) = adapter.prepare(text).sentences
-    whole = _whole_decode(sessions, sentence.ids, exported.bundles.acoustic_settings.buckets)
+    assert adapter.sized_acoustic is (windows == "sized")
+    whole = _whole_decode(
+        sessions,
+        sentence.ids,
+        exported.bundles.acoustic_settings.buckets,
+        sized=adapter.sized_acoustic,
+    )
     streamed = np.concatenate([chunk["pcm"] for chunk in chunks])
     assert streamed.size == whole.size
     record = {
@@ -527,22 +541,35 @@ def test_overlap_follows_the_thread_plan(exported: Exported) -> None:
 
 
 def test_chunks_grow_with_the_players_lead_and_shrink_when_it_runs_short() -> None:
-    pacer = _Pacer((16, 32, 64, 128, 256), context_frames=44)
-    assert pacer.next_size(0.0, first=True, remaining=500) == 16
-    pacer.measured(60, 0.06)  # 1 ms per window frame
-    # The next size costs (32 + 44) ms: it is taken once the lead is twice that.
-    assert pacer.next_size(0.1, first=False, remaining=484) == 16
-    assert pacer.next_size(0.16, first=False, remaining=468) == 32
-    assert pacer.next_size(0.3, first=False, remaining=400) == 64
-    # Far ahead: straight to the largest size the lead pays for.
-    assert pacer.next_size(5.0, first=False, remaining=400) == 256
-    # The lead no longer covers one call of this size: down to one it covers.
-    assert pacer.next_size(0.2, first=False, remaining=400) == 128
-    assert pacer.next_size(0.09, first=False, remaining=400) == 32
-    assert pacer.next_size(0.5, first=False, remaining=400) == 128
-    # A short rest goes with this chunk when the player is far enough ahead for it.
-    assert pacer.next_size(0.45, first=False, remaining=170) == 170
-    assert pacer.next_size(0.2, first=False, remaining=170) == 128
+    pacer = _Pacer((32, 64, 128, 256, 512), context_frames=40, largest_final=532)
+    assert pacer.next_size(0.0, first=True, remaining=1000) == 32
+    pacer.measured(52, 0.052)  # 1 ms per window frame
+    # As many frames as the lead pays for 1.5 times over, window (kept + 40) included.
+    assert pacer.next_size(0.3, first=False, remaining=968) == 160
+    assert pacer.next_size(0.6, first=False, remaining=808) == 360
+    # Far ahead: the largest size; never below the first size when the lead runs short.
+    assert pacer.next_size(5.0, first=False, remaining=700) == 512
+    assert pacer.next_size(0.05, first=False, remaining=700) == 32
+    # The rest of the utterance at once when the lead pays for its window (no right context),
+    # up to the largest size plus the right context.
+    assert pacer.next_size(0.4, first=False, remaining=240) == 240
+    assert pacer.next_size(0.35, first=False, remaining=240) == 193
+    assert pacer.next_size(5.0, first=False, remaining=532) == 532
+    # A rest of no more than the context goes with this call when the lead covers it once.
+    assert pacer.next_size(0.35, first=False, remaining=230) == 230
+    assert pacer.next_size(0.24, first=False, remaining=230) == 120
+    assert pacer.next_size(5.0, first=False, remaining=533) == 512
+    # Never more than the rest.
+    assert pacer.next_size(0.05, first=False, remaining=20) == 20
+
+
+def test_a_calls_fixed_cost_is_not_spread_over_its_frames() -> None:
+    pacer = _Pacer((32, 64, 128, 256, 512), context_frames=40, call_frames=10)
+    pacer.next_size(0.0, first=True, remaining=1000)
+    pacer.measured(52, 0.062)  # 62 ms: 1 ms per frame, the call counted as 10 more frames
+    # The lead pays for a window of 0.6 / 1.5 / 1 ms = 400 frames, less the call's 10.
+    assert pacer.next_size(0.6, first=False, remaining=968) == 350
+    assert _Pacer((32,), context_frames=40).call_frames == 0
 
 
 def test_deterministic_chunks_follow_the_schedule_whatever_the_timing() -> None:
