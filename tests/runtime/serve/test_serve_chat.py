@@ -183,8 +183,10 @@ def test_a_client_leaving_mid_stream_aborts_its_generation(server: ServeProcess)
     finally:
         response.close()
         http.close()
-    # Aborted inside vLLM: the slot is free long before 2,000 tokens could be written.
-    wait_until(lambda: server.pipelines()["chat"]["in_flight"] == 0, "the abort", 5)
+    # Aborted inside vLLM: counted as cancelled, not completed (a starved machine may take
+    # seconds to notice the closed connection, so the bound is generous; what proves the
+    # abort is the count).
+    wait_until(lambda: server.pipelines()["chat"]["in_flight"] == 0, "the abort", 30)
     assert server.pipelines()["chat"]["finished"]["cancelled"] == cancelled + 1
 
 
