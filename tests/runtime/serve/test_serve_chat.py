@@ -241,7 +241,13 @@ def test_requests_beyond_max_num_seqs_get_429(client: openai.OpenAI, server: Ser
             "the pipeline to be recreated",
             START_TIMEOUT_S,
         )
-        assert "omni-edge: pipeline chat is ready again" in server.stderr
+        # The log line is read from the server's stderr by another thread: it may follow the
+        # state by a moment.
+        wait_until(
+            lambda: "omni-edge: pipeline chat is ready again" in server.stderr,
+            "the server to log the recreated pipeline",
+            10,
+        )
         completion = client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=4)
     assert completion.usage is not None
     assert completion.usage.completion_tokens == 4
