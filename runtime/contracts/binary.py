@@ -236,12 +236,12 @@ class _Template:
     decoder (which reports it)."""
 
     __slots__ = (
-        "_body_keys",
         "_descriptors",
         "_fields",
         "_kind",
         "_literals",
         "_names",
+        "_names_key",
         "_pick_literals",
         "_pick_values",
         "_required",
@@ -280,8 +280,8 @@ class _Template:
         self._literals = tuple(literals)
         self._fields = tuple(fields)
         self._kind = kind
-        self._body_keys = "input_names" if kind == "call" else "output_names"
-        self._names: list[str] = list(body[self._body_keys])
+        self._names_key = "input_names" if kind == "call" else "output_names"
+        self._names: list[str] = list(body[self._names_key])
         self._descriptors = descriptors
         self._required = required
 
@@ -313,7 +313,7 @@ class _Template:
                     return None
                 body[field] = value  # type: ignore[index]
         if self._kind != "ack":
-            body[self._body_keys] = list(self._names)
+            body[self._names_key] = list(self._names)
         descriptors = tuple(
             descriptor.with_generation(generations[index], offsets.get(index))
             for index, descriptor in enumerate(self._descriptors)

@@ -11,7 +11,9 @@ import pytest
 
 from runtime.transport.awake import AwakeWait
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="polls pipes: POSIX only")
+POSIX = pytest.mark.skipif(
+    sys.platform == "win32", reason="Windows pipes cannot be polled: the wait is off there"
+)
 
 
 @pytest.fixture
@@ -34,6 +36,7 @@ def _round(awake: AwakeWait, write_fd: int, read_fd: int, delay_s: float) -> boo
     return caught
 
 
+@POSIX
 def test_it_polls_once_answers_came_within_the_budget(pipe: tuple[int, int]) -> None:
     read_fd, write_fd = pipe
     awake = AwakeWait(read_fd, 0.5)
@@ -44,6 +47,7 @@ def test_it_polls_once_answers_came_within_the_budget(pipe: tuple[int, int]) -> 
     assert (awake.caught, awake.missed) == (1, 0)
 
 
+@POSIX
 def test_a_slow_answer_stops_the_polling_until_answers_are_quick_again(
     pipe: tuple[int, int],
 ) -> None:
@@ -61,6 +65,7 @@ def test_a_slow_answer_stops_the_polling_until_answers_are_quick_again(
     assert awake.likely(), "two quick answers: polling again"
 
 
+@POSIX
 def test_without_a_budget_or_a_descriptor_it_never_polls(pipe: tuple[int, int]) -> None:
     read_fd, write_fd = pipe
     for awake in (AwakeWait(read_fd, 0.0), AwakeWait(None, 0.5)):
@@ -71,3 +76,12 @@ def test_without_a_budget_or_a_descriptor_it_never_polls(pipe: tuple[int, int]) 
         os.read(read_fd, 1)
         awake.arrived()
         assert not awake.likely()
+
+
+@pytest.mark.skipif(sys.platform != "win32", reason="checks the Windows fallback")
+def test_on_windows_it_never_polls() -> None:
+    awake = AwakeWait(0, 0.5)
+    assert not awake.enabled
+    assert awake.budget_s == 0.0
+    awake.sent()
+    assert awake.wait() is False
