@@ -42,6 +42,7 @@ from runtime.contracts.binary import FEATURE as BINARY_FEATURE
 from runtime.contracts.buffers import DescriptorError
 from runtime.contracts.messages import (
     WORKER_TO_CONTROLLER,
+    AckMessage,
     ByeMessage,
     CallMessage,
     CancelMessage,
@@ -639,11 +640,31 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
 
     def _take_result(self, frame: Frame) -> bool:
         """On a thread the pipe is lent to: deliver the result of a direct call waiting for
-        it (True); anything else is the loop's (False)."""
-        if frame.kind != "result":
-            return False
+        it, or release the input buffer an acknowledgement names (True); anything else is the
+        loop's (False).
+
+        The worker acknowledges a call's inputs in the same write as its result; taking
+        those here keeps the loop asleep (waking it for each one cost a third runnable
+        thread on the cores the worker's pool had just used)."""
         channel = self._channel
         assert channel is not None
+        if frame.kind == "ack":
+            try:
+                ack = decode_message(frame, WORKER_TO_CONTROLLER)
+            except ValueError:
+                return False
+            if not isinstance(ack, AckMessage):
+                return False
+            if not channel.acknowledge(ack.owner, ack.generation):
+                log.debug(
+                    "%s: ignored a stale acknowledgement %s/%s",
+                    self.name,
+                    ack.owner,
+                    ack.generation,
+                )
+            return True
+        if frame.kind != "result":
+            return False
         try:
             message = decode_message(frame, WORKER_TO_CONTROLLER)
         except ValueError:

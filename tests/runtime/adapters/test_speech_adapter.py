@@ -14,7 +14,13 @@ import pytest
 from piper import SynthesisConfig
 
 from runtime.adapters.speak import NotASpeechPipeline, speak
-from runtime.adapters.tts import SpeechAdapter, SpeechOptions, SpeechOptionsError, _Pacer
+from runtime.adapters.tts import (
+    WHOLE_FRAMES,
+    SpeechAdapter,
+    SpeechOptions,
+    SpeechOptionsError,
+    _Pacer,
+)
 from runtime.adapters.tts_text import SpeechInputError, SpeechPlan, Utterance
 from runtime.adapters.voice_export import DEFAULT_SCHEDULE, acoustic_inputs, snr_db
 from runtime.api import AsyncOmni, Omni
@@ -561,6 +567,41 @@ def test_chunks_grow_with_the_players_lead_and_shrink_when_it_runs_short() -> No
     assert pacer.next_size(5.0, first=False, remaining=533) == 512
     # Never more than the rest.
     assert pacer.next_size(0.05, first=False, remaining=20) == 20
+
+
+def test_a_short_first_utterance_is_decoded_in_one_call() -> None:
+    pacer = _Pacer((32, 64, 128, 256, 512), context_frames=40, whole_frames=128)
+    assert pacer.next_size(0.0, first=True, remaining=105) == 105
+    assert pacer.next_size(0.0, first=True, remaining=128) == 128
+    # One frame more: a short first chunk for early audio, as before.
+    assert pacer.next_size(0.0, first=True, remaining=129) == 32
+    # Deterministic chunking keeps the schedule, whatever the length.
+    fixed = _Pacer((32, 64), context_frames=40, adaptive=False, whole_frames=128)
+    assert fixed.next_size(0.0, first=True, remaining=105) == 32
+    # Off by default.
+    assert _Pacer((32, 64), context_frames=40).next_size(0.0, first=True, remaining=20) == 32
+
+
+def test_a_short_text_is_one_decoder_call_and_a_long_one_starts_short(
+    exported: Exported, machine: Topology
+) -> None:
+    with Omni(speak_config(exported), **_engine(machine)) as omni:
+        adapter = omni.orchestrator.program
+        assert isinstance(adapter, SpeechAdapter)
+        assert adapter.adaptive_chunks
+        short = _drain(omni.generate("Hello from the edge."))
+        long = _drain(omni.generate(LONG_TEXT[:300]))
+    *chunks, final = short
+    frames = sum(chunk["pcm"].size for chunk in chunks) // 256
+    assert 0 < frames <= WHOLE_FRAMES
+    decoder = [step for step in final["metrics"]["steps"] if step["stage"] == "decoder"]
+    assert [(step["kept"], step["chunk"]) for step in decoder] == [(frames, 0)]
+    # Sized windows: the one call decodes the utterance's frames, no context beyond them.
+    assert decoder[0]["window"] == frames
+    assert len(chunks) == 1
+    # Longer than that: the first chunk stays short, so the first audio comes early.
+    first_long = long[0]["pcm"].size // 256
+    assert first_long == DEFAULT_SCHEDULE[0]
 
 
 def test_a_calls_fixed_cost_is_not_spread_over_its_frames() -> None:

@@ -23,6 +23,7 @@ from runtime.events import (
     RequestOutputReady,
     StageCallFinished,
 )
+from tests.helpers.onnx_graphs import make_bundle
 from tests.runtime.engine.support import (
     ENDLESS_STEPS,
     StageSpec,
@@ -271,4 +272,36 @@ def test_a_worker_killed_between_direct_runs_is_noticed_without_a_call(
         assert isinstance(client.failure, WorkerDied)
         with pytest.raises((WorkerDied, StageRetired)):
             omni.run(_pair(2))
+    assert not controller_segments()
+
+
+def test_a_direct_run_frees_its_input_slots_before_it_returns(tmp_path: Path) -> None:
+    """The worker acknowledges a call's inputs (in its arena slot) in the same write as the
+    result; the calling thread takes those acknowledgements itself, so the slot is free by the
+    time run() returns, and the loop is never woken for them."""
+    n = 16 * 1024  # 64 KiB per input: above the inline limit, so each goes through the arena
+    manifest = make_bundle(tmp_path, n=n)
+    pipeline = write_pipeline(tmp_path / "big-add.yaml", StageSpec(manifest, max_io="1MiB"))
+    rng = np.random.default_rng(7)
+    with Omni(pipeline) as omni:
+        (client,) = omni.orchestrator.clients
+        channel = client._channel  # type: ignore[attr-defined]
+        handled: list[str] = []
+        on_frame = client._on_frame_loop  # type: ignore[attr-defined]
+
+        def counting(frame: Any) -> None:
+            handled.append(frame.kind)
+            on_frame(frame)
+
+        client._on_frame_loop = counting  # type: ignore[attr-defined]
+        for _ in range(20):
+            a = rng.standard_normal(n).astype(np.float32)
+            b = rng.standard_normal(n).astype(np.float32)
+            result = omni.run({"a": a, "b": b})
+            np.testing.assert_allclose(result["c"], a + b, rtol=1e-6)
+            arena = channel.arena(client.name)
+            assert arena is not None
+            assert arena.retained_count == 0
+        assert client._borrowed.lent  # type: ignore[attr-defined]
+        assert "ack" not in handled
     assert not controller_segments()
