@@ -7,17 +7,20 @@ process, the result handed over by the event loop, the copy ``run`` returns, ack
 the baseline is ``InferenceSession.run`` on a session made by the worker's own
 :func:`workers.ort_session.create_session` with the same arguments, so the session options
 (threads, config entries) are identical. Pipeline and baseline are timed in alternating
-batches so that machine noise falls on both.
+batches so that machine noise falls on both. Beside them, the two-process floor
+(:mod:`benchmarks.pipe_floor`) shows what any worker process pays on this machine.
 """
 
 from __future__ import annotations
 
 import math
+import subprocess
 from typing import TYPE_CHECKING, Final
 
 from benchmarks import graphs
 from benchmarks.base import Benchmark, BenchOptions
 from benchmarks.figures import Comparator, FigureSpec, Goal, Subject
+from benchmarks.pipe_floor import measure_floor
 from benchmarks.stats import Samples, interleaved, ms, rounded, time_calls
 from runtime.api import Omni
 from runtime.devices import DeviceSelection
@@ -130,6 +133,19 @@ def compare(
             batch=batch,
         )
         worker_run, transfer = _stage_times(omni, rounds * batch)
+    # What any worker process pays: the same session behind one byte each way on a pipe.
+    try:
+        floor = measure_floor(
+            bundle,
+            inputs,
+            intra_op_threads=int(threads["intra_op_threads"]),
+            allow_spinning=bool(threads["allow_spinning"]),
+            rounds=rounds,
+            batch=batch,
+            warmup=options.count(50, 10),
+        )
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        floor = {"floor": f"not measured: {exc}"}
     return {
         "pipeline_p50_ms": rounded(ms(through.p50)),
         "pipeline_p99_ms": rounded(ms(through.p99)),
@@ -141,6 +157,7 @@ def compare(
         "worker_run_p50_ms": rounded(ms(worker_run.p50)),
         "stage_transfer_p50_ms": rounded(ms(transfer.p50)),
         "iterations": through.count,
+        **floor,
         "_pipeline_p50_s": through.p50,
         "_in_process_p50_s": direct.p50,
     }
@@ -156,7 +173,19 @@ def _limits(details: Mapping[str, Detail]) -> str:
         f"{details['worker_run_p50_ms']} ms against {details['in_process_p50_ms']} ms in "
         "process; the rest is the request's own way (admission, metrics and events, the copy "
         "run() returns, the acknowledgement). Each of the two process wake-ups waits for a "
-        "free core, so the figure grows with the machine's load."
+        "free core, so the figure grows with the machine's load." + _floor_note(details)
+    )
+
+
+def _floor_note(details: Mapping[str, Detail]) -> str:
+    floor = details.get("floor_ratio")
+    if floor is None:
+        return ""
+    return (
+        f" In the same run, the two-process floor (the same session in a second process, one "
+        f"byte each way on a pipe, no framing or checks) took {details['floor_p50_ms']} ms: "
+        f"{floor}x in process with the inputs copied into shared memory and the outputs "
+        f"copied out, {details['floor_without_copies_ratio']}x without those two copies."
     )
 
 

@@ -104,3 +104,11 @@ def test_bench_quick_measures_every_figure_it_can(tmp_path: Path) -> None:
         assert figure.status is not Status.NOT_RUN, f"{key}: {figure.reason}"
     for key in ("vllm.ttft", "vllm.tokens_per_s"):
         assert "quick mode" in results.figure(key).reason
+    # Beside each graph figure, the two-process floor measured in the same run: a worker
+    # costs something, and the copies cost something more.
+    for key in ("graph.tiny_add", "graph.matmul_1ms"):
+        details = results.figure(key).details
+        assert isinstance(details["floor_ratio"], float), details
+        assert details["floor_ratio"] > 1.0
+        assert details["floor_without_copies_p50_ms"] > 0
+        assert details["floor_in_process_p50_ms"] > 0

@@ -1,0 +1,218 @@
+"""The two-process floor of a graph call: what any design with a worker process pays.
+
+A second Python process holds the same session (made by :func:`graph_overhead.in_process_session`
+with the plan's thread options) bound once, with ONNX Runtime's I/O binding, to a shared-memory
+segment for its inputs and outputs. One call is: the caller copies the inputs into the segment,
+writes one byte to a pipe, the worker runs and writes one byte back, and the caller copies the
+outputs out (the copy ``Omni.run`` returns). No framing, no checks, no bookkeeping: each side
+does only what crossing the process boundary needs. The same loop without the two copies shows
+what the wake-ups alone cost.
+
+Timed in alternating batches with the in-process session, like the pipeline itself, so the
+ratios of one run are comparable. POSIX only (the pipes are handed to the worker by
+descriptor).
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
+
+from benchmarks.child import child_environment
+from benchmarks.graphs import PROJECT_ROOT
+from benchmarks.stats import interleaved, ms, rounded
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+
+    from benchmarks.figures import Detail
+    from runtime.artifacts import VerifiedBundle
+
+#: Seconds the worker may take to stop once told.
+STOP_TIMEOUT_S: Final = 30.0
+_ALIGN: Final = 64
+#: Where the segment lives: shared memory where the system has it.
+_SHM_DIR: Final = Path("/dev/shm")
+
+
+def _layout(
+    inputs: Mapping[str, np.ndarray], outputs: Mapping[str, tuple[tuple[int, ...], str]]
+) -> tuple[dict[str, int], dict[str, int], int]:
+    """Offsets of every input and output in the segment, and its size."""
+    offset = 0
+    placed_in: dict[str, int] = {}
+    for name, array in inputs.items():
+        placed_in[name] = offset
+        offset += -(-array.nbytes // _ALIGN) * _ALIGN
+    placed_out: dict[str, int] = {}
+    for name, (shape, dtype) in outputs.items():
+        placed_out[name] = offset
+        offset += -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // _ALIGN) * _ALIGN
+    return placed_in, placed_out, max(offset, _ALIGN)
+
+
+def measure_floor(
+    bundle: VerifiedBundle,
+    inputs: Mapping[str, np.ndarray],
+    *,
+    intra_op_threads: int,
+    allow_spinning: bool,
+    rounds: int,
+    batch: int,
+    warmup: int,
+    python: str | None = None,
+) -> dict[str, Detail]:
+    """The floor's p50s in ms beside the in-process session's, measured in one harness.
+
+    ``python`` runs the worker (default: this interpreter). RuntimeError when the worker
+    stops before the measurement ends; nothing is left behind either way."""
+    from benchmarks.graph_overhead import in_process_session, session_call
+
+    if sys.platform == "win32":
+        return {"floor": "not measured: the worker's pipes are passed by descriptor (POSIX)"}
+    session = in_process_session(
+        bundle, intra_op_threads=intra_op_threads, allow_spinning=allow_spinning
+    )
+    feed = {name: np.ascontiguousarray(array) for name, array in inputs.items()}
+    expected = session.run(None, feed)
+    outputs = {
+        meta.name: (tuple(value.shape), str(value.dtype))
+        for meta, value in zip(session.get_outputs(), expected, strict=True)
+    }
+    placed_in, placed_out, size = _layout(feed, outputs)
+    folder = _SHM_DIR if _SHM_DIR.is_dir() else None
+    descriptor, path = tempfile.mkstemp(prefix="bench-floor-", dir=folder)
+    to_worker = os.pipe()
+    to_caller = os.pipe()
+    owned = [descriptor, *to_worker, *to_caller]
+    worker: subprocess.Popen[bytes] | None = None
+    mapping: mmap.mmap | None = None
+    try:
+        os.ftruncate(descriptor, size)
+        mapping = mmap.mmap(descriptor, size)
+        memory = np.frombuffer(mapping, np.uint8)
+        views_in = {
+            name: _view(memory, placed_in[name], a.shape, a.dtype) for name, a in feed.items()
+        }
+        views_out = {
+            name: _view(memory, placed_out[name], shape, np.dtype(dtype))
+            for name, (shape, dtype) in outputs.items()
+        }
+        spec = {
+            "manifest": str(bundle.manifest_path),
+            "segment": path,
+            "threads": intra_op_threads,
+            "spinning": allow_spinning,
+            "inputs": {n: [placed_in[n], list(a.shape), str(a.dtype)] for n, a in feed.items()},
+            "outputs": {n: [placed_out[n], list(s), d] for n, (s, d) in outputs.items()},
+            "read_fd": to_worker[0],
+            "write_fd": to_caller[1],
+        }
+        worker = subprocess.Popen(
+            [python or sys.executable, "-m", "benchmarks.pipe_floor", json.dumps(spec)],
+            pass_fds=(to_worker[0], to_caller[1]),
+            stdin=subprocess.DEVNULL,
+            cwd=PROJECT_ROOT,
+            env=child_environment(None),
+        )
+        # The worker's ends are its own now: a worker that dies reads as the end of the pipe.
+        for fd in (to_worker[0], to_caller[1]):
+            owned.remove(fd)
+            os.close(fd)
+        write_fd, read_fd = to_worker[1], to_caller[0]
+
+        def through(copies: bool) -> Callable[[], object]:
+            def call() -> object:
+                if copies:
+                    for name, array in feed.items():
+                        np.copyto(views_in[name], array)
+                os.write(write_fd, b"c")
+                if os.read(read_fd, 1) != b"r":
+                    raise RuntimeError("the floor's worker stopped")
+                if copies:
+                    return {name: view.copy() for name, view in views_out.items()}
+                return views_out
+
+            return call
+
+        for name, array in feed.items():
+            np.copyto(views_in[name], array)
+        through(False)()
+        for name, value in zip(outputs, expected, strict=True):
+            np.testing.assert_allclose(views_out[name], value, rtol=1e-4, atol=1e-5)
+        floor, bare, direct = interleaved(
+            [through(True), through(False), session_call(session, feed)],
+            warmup=warmup,
+            rounds=rounds,
+            batch=batch,
+        )
+        os.write(write_fd, b"q")
+        worker.wait(STOP_TIMEOUT_S)
+        return {
+            "floor_p50_ms": rounded(ms(floor.p50)),
+            "floor_without_copies_p50_ms": rounded(ms(bare.p50)),
+            "floor_in_process_p50_ms": rounded(ms(direct.p50)),
+            "floor_ratio": rounded(floor.p50 / direct.p50),
+            "floor_without_copies_ratio": rounded(bare.p50 / direct.p50),
+        }
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        for fd in owned:
+            os.close(fd)
+        if mapping is not None:
+            try:
+                mapping.close()
+            except BufferError:
+                pass
+        Path(path).unlink(missing_ok=True)
+
+
+def _view(
+    memory: np.ndarray[Any, Any], offset: int, shape: Sequence[int], dtype: np.dtype[Any]
+) -> np.ndarray[Any, Any]:
+    count = int(np.prod(shape))
+    return memory[offset : offset + count * dtype.itemsize].view(dtype).reshape(tuple(shape))
+
+
+def _worker(argv: Sequence[str]) -> int:
+    """The floor's worker: the session bound once to the segment, one byte in, one out."""
+    import onnxruntime as ort
+
+    from benchmarks.graph_overhead import in_process_session
+    from runtime.artifacts import verify_bundle
+
+    spec: dict[str, Any] = json.loads(argv[0])
+    session = in_process_session(
+        verify_bundle(spec["manifest"]),
+        intra_op_threads=int(spec["threads"]),
+        allow_spinning=bool(spec["spinning"]),
+    )
+    descriptor = os.open(spec["segment"], os.O_RDWR)
+    mapping = mmap.mmap(descriptor, os.fstat(descriptor).st_size)
+    os.close(descriptor)
+    memory = np.frombuffer(mapping, np.uint8)
+    binding = session.io_binding()
+    for key, bind in (("inputs", binding.bind_input), ("outputs", binding.bind_output)):
+        for name, (offset, shape, dtype) in spec[key].items():
+            array = _view(memory, offset, shape, np.dtype(dtype))
+            bind(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+    options = ort.RunOptions()
+    read_fd, write_fd = int(spec["read_fd"]), int(spec["write_fd"])
+    while os.read(read_fd, 1) == b"c":
+        session.run_with_iobinding(binding, options)
+        os.write(write_fd, b"r")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker(sys.argv[1:]))
