@@ -19,10 +19,10 @@ utterance:
    that call's window), between the schedule's first and last sizes, and the whole rest of
    the utterance at once when the lead pays for it (its window has no right context): each
    join costs a window's context, so the fewer calls the less the decoder does beyond one
-   whole decode. An utterance of at most :data:`WHOLE_FRAMES` frames is decoded in one call:
-   its first audio comes a little later, its last sooner. With ``deterministic`` scales the sizes follow the schedule in order (the
-   last one repeating, a short rest going with the chunk before it), so the same text always
-   gives the same samples;
+   whole decode. A first utterance of at most :data:`WHOLE_FRAMES` frames is decoded in one
+   call: its first audio comes a little later, its last sooner. With ``deterministic`` scales
+   the sizes follow the schedule in order (the last one repeating, a short rest going with
+   the chunk before it), so the same text always gives the same samples;
 3. emits each chunk at once as an :class:`~runtime.engine.outputs.OmniRequestOutput` with
    ``finished=False`` and outputs ``pcm`` (float32, 1-D, mono), ``sample_rate``, ``chunk_index``
    (over the whole request), ``sentence_index`` and ``sentence_samples`` (the length of the

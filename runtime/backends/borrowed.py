@@ -6,7 +6,8 @@ wake-ups (the loop's, then the caller's) and a hop between threads; instead the 
 the pipe: it stops watching it, and the caller's thread waits on the pipe (and on a wake-up
 pipe of its own) and decodes the frames itself. Its own call's result, and the
 acknowledgements of its inputs the worker writes with it, it takes at once; every other frame
-(an error report, a stale result) goes to the loop as if the loop had read it. The loop takes the pipe back
+(an error report, a stale result) goes to the loop as if the loop had read it. The loop
+takes the pipe back
 
 * once no direct call came for :data:`IDLE_S` (a timer on the loop: a worker that dies
   between calls is noticed within that time),
