@@ -504,12 +504,16 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         if isinstance(message, ByeMessage):
             self._on_bye()
             return
-        if message.KIND == "ack":
-            assert self._channel is not None
-            owner = getattr(message, "owner", "")
-            generation = getattr(message, "generation", -1)
-            if not self._channel.acknowledge(owner, generation):
-                log.debug("%s: ignored a stale acknowledgement %s/%s", self.name, owner, generation)
+        if isinstance(message, AckMessage):
+            self._release(message)
+
+    def _release(self, ack: AckMessage) -> None:
+        """Free the buffer ``ack`` names (a stale or unknown one is ignored)."""
+        assert self._channel is not None
+        if not self._channel.acknowledge(ack.owner, ack.generation):
+            log.debug(
+                "%s: ignored a stale acknowledgement %s/%s", self.name, ack.owner, ack.generation
+            )
 
     def _send_acks(self, acks: list[tuple[str, int]]) -> None:
         """Tell the worker its result buffers are free (nothing to do once it is gone)."""
@@ -648,27 +652,15 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         thread on the cores the worker's pool had just used)."""
         channel = self._channel
         assert channel is not None
-        if frame.kind == "ack":
-            try:
-                ack = decode_message(frame, WORKER_TO_CONTROLLER)
-            except ValueError:
-                return False
-            if not isinstance(ack, AckMessage):
-                return False
-            if not channel.acknowledge(ack.owner, ack.generation):
-                log.debug(
-                    "%s: ignored a stale acknowledgement %s/%s",
-                    self.name,
-                    ack.owner,
-                    ack.generation,
-                )
-            return True
-        if frame.kind != "result":
+        if frame.kind not in ("ack", "result"):
             return False
         try:
             message = decode_message(frame, WORKER_TO_CONTROLLER)
         except ValueError:
             return False
+        if isinstance(message, AckMessage):
+            self._release(message)
+            return True
         if not isinstance(message, ResultMessage):
             return False
         entry = self._pending.get(message.call_id)

@@ -78,7 +78,9 @@ def test_without_a_budget_or_a_descriptor_it_never_polls(pipe: tuple[int, int]) 
         assert not awake.likely()
 
 
-@pytest.mark.skipif(sys.platform != "win32", reason="checks the Windows fallback")
+@pytest.mark.skipif(
+    sys.platform != "win32", reason="needs a Windows host (checks the Windows fallback)"
+)
 def test_on_windows_it_never_polls() -> None:
     awake = AwakeWait(0, 0.5)
     assert not awake.enabled
