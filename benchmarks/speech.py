@@ -12,7 +12,11 @@ For each text and repeat, in one run and interleaved (so a busy machine slows bo
   phonemizes the whole text, then yields one chunk per sentence): its **first audio** is the
   first sentence's audio, its real-time factor the whole text's time over its duration.
 
-Both use the voice's own noise settings. Medians over repeats are reported per text, and over
+Both use the voice's own noise settings. Each timed run starts :data:`SETTLE_S` after the
+previous one ended: Piper's session keeps ONNX Runtime's default spinning pool, whose thread
+goes on spinning on a core for about 28 ms after each run (measured here as the process's CPU
+time after ``synthesize`` returned), and a run started at once shares its cores with that
+spin. Medians over repeats are reported per text, and over
 every run for the figures. Where the pipeline's time went comes from each request's ``timing``
 (see :mod:`runtime.adapters.tts`): the medians over every run of the acoustic and decoder
 calls' model and transport time, the waits for the caller and the adapter's own work, each as
@@ -50,6 +54,11 @@ QUICK_TEXTS: Final = ("short", "paragraph")
 FIRST_AUDIO_GOAL_RATIO: Final = 1.0
 #: The real-time factor at most this many times Piper's own in the same run.
 RTF_GOAL_RATIO: Final = 1.2
+#: The pause before each timed run, so neither side runs beside what the other left spinning
+#: (see the module docstring); measured on two cores, the pipeline's real-time factor for the
+#: short text was 0.0645 when it started at once after Piper, 0.0558 after 200 ms and 0.0549
+#: when Piper had not run.
+SETTLE_S: Final = 0.1
 
 
 def _median(values: list[float]) -> float:
@@ -116,6 +125,7 @@ def measure(*, quick: bool, progress: Any = None) -> dict[str, Any]:
                 # Alternate which goes first, so neither always runs on a fresher cache.
                 order = ("pipeline", "piper") if repeat % 2 == 0 else ("piper", "pipeline")
                 for which in order:
+                    time.sleep(SETTLE_S)
                     if which == "pipeline":
                         first, rtf, engine = _pipeline_run(omni, text)
                         runs["first"].append(first)

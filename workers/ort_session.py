@@ -96,6 +96,8 @@ _RECORD_ASSIGNMENT: Final = "session.record_ep_graph_assignment_info"
 _DISABLE_CPU_FALLBACK: Final = "session.disable_cpu_ep_fallback"
 _EXTERNAL_FOLDER: Final = "session.model_external_initializers_file_folder_path"
 _ALLOW_SPINNING: Final = "session.intra_op.allow_spinning"
+#: Pools stop spinning when a run ends (ONNX Runtime's ``session.force_spinning_stop``).
+_SPIN_WITHIN_RUNS: Final = "session.force_spinning_stop"
 #: Most input buckets a bundle may list in ``metadata.buckets`` (each is warmed up at load).
 MAX_BUCKETS: Final = 16
 #: Folder name prefix of the temporary profile used where assignment info is unavailable.
@@ -440,6 +442,10 @@ def create_placed_session(
     the requested ``device`` with the route's ``provider_options`` (see
     :mod:`workers.ort_devices`); return it with the device and options applied.
 
+    ``intra_op_threads`` sizes the pool (0: ONNX Runtime's default). With ``allow_spinning``
+    its threads spin between the nodes of a run and stop when the run ends; without it they
+    sleep whenever they are idle.
+
     CPU fallback is disabled when the CPU provider is not allowed, and ONNX Runtime's
     Python-side retry on the CPU is switched off. Placement is recorded as EP graph
     assignment info, or, when ``profile_prefix`` is given (required where ONNX Runtime lacks
@@ -473,7 +479,11 @@ def create_placed_session(
                 subject=absent[0],
             )
     options.intra_op_num_threads = intra_op_threads
-    if not allow_spinning:
+    if allow_spinning:
+        # Pool threads spin between the nodes of a run, never after it: once a run ends its
+        # cores go to whoever takes the result (see runtime.backends.threads).
+        options.add_session_config_entry(_SPIN_WITHIN_RUNS, "1")
+    else:
         # Idle intra-op threads sleep instead of spinning on cores other work needs.
         options.add_session_config_entry(_ALLOW_SPINNING, "0")
     options.log_severity_level = 3

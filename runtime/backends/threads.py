@@ -16,12 +16,15 @@ waiting awake would take a core from the next stage's pool) and only while the g
 between its calls stay shorter than the wait (the worker measures them), so a stage called
 now and then never spins.
 
-ONNX Runtime's idle threads spin only where a pool has cores to itself: the controller
-takes each result on the same cores the moment a call ends, and a pool that spins on
-every core burns the time it needs (measured on two cores: a 1 ms MatMul through the worker
-took 3.95 ms with spinning pools against 2.34 ms without). A pool that uses every core
-therefore never spins; where two pools (or a pool and a language model) take turns on the
-same cores, none does.
+Where a pool runs alone, its threads spin between the nodes of a run and stop when the run
+ends (the worker's session sets ``session.force_spinning_stop``, see
+:func:`workers.ort_session.create_placed_session`): sleeping between nodes cost each node a
+wake-up (measured on two cores, the voice's pipeline took a real-time factor of 0.0486 with
+sleeping pools against 0.0444 with pools spinning within runs, the two interleaved in one
+process), while a pool that went on spinning after its run burned the cores the controller
+needs to take the result and the next stage needs to start (a 1 ms MatMul through the
+worker took 3.95 ms with pools spinning on after each run against 2.34 ms without). Where
+two pools (or a pool and a language model) may run at the same time, none spins.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class ThreadPlan:
     """One graph stage's ONNX Runtime threads, and why."""
 
     intra_op_threads: int
+    #: The pool's threads spin between the nodes of a run, and stop when it ends.
     allow_spinning: bool
     cores: int
     reason: str
@@ -97,13 +101,14 @@ def plan_threads(
                 plans.setdefault(stage.name, ThreadPlan(cores, False, cores, alone_reason))
             return plans
         # One request at a time: the stages run one after another, each on every core, and
-        # the controller takes each result on those same cores: no pool spins.
+        # the controller takes each result on those same cores: pools spin within a run only.
         reason = (
-            "the only graph stage: every core, no spinning (the controller takes each "
-            "result on the same cores)"
+            "the only graph stage: every core, spinning within each run only (the controller "
+            "takes each result on the same cores)"
             if len(graph) == 1
             else f"{len(graph)} graph stages run one after another: every core each, "
-            "no spinning (their pools and the controller take turns on the same cores)"
+            "spinning within each run only (their pools and the controller take turns on the "
+            "same cores)"
         )
         if len(together) >= 2:
             reason += (
@@ -115,7 +120,7 @@ def plan_threads(
         spin = SPIN_WAIT_US if cores >= MIN_OVERLAP_THREADS and len(graph) == 1 else 0
         if spin:
             reason += f"; between back-to-back calls the worker waits {spin} us awake"
-        return {s.name: ThreadPlan(cores, False, cores, reason, spin_wait_us=spin) for s in graph}
+        return {s.name: ThreadPlan(cores, True, cores, reason, spin_wait_us=spin) for s in graph}
     together_count = len(graph) + len(language)
     share = max(1, cores // together_count)
     reason = (

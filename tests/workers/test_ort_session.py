@@ -219,6 +219,34 @@ def test_session_uses_the_verified_bytes_not_the_file_on_disk(matmul_manifest: P
     np.testing.assert_allclose(y, x @ matmul_weights(), rtol=1e-6)
 
 
+@pytest.mark.parametrize(
+    ("allow_spinning", "expected"),
+    [
+        (True, {"session.force_spinning_stop": "1"}),
+        (False, {"session.intra_op.allow_spinning": "0"}),
+    ],
+)
+def test_pools_spin_within_runs_only_or_not_at_all(
+    add_manifest: Path, allow_spinning: bool, expected: dict[str, str]
+) -> None:
+    """A pool allowed to spin stops when each run ends; one that may not sleeps when idle."""
+    session = create_session(
+        _load(add_manifest), [CPU], [CPU], CPU, intra_op_threads=2, allow_spinning=allow_spinning
+    )
+    options = session.get_session_options()
+
+    def entry(key: str) -> str | None:
+        try:
+            return str(options.get_session_config_entry(key))
+        except RuntimeError:  # ONNX Runtime raises for a key that was never set
+            return None
+
+    for key in ("session.force_spinning_stop", "session.intra_op.allow_spinning"):
+        assert entry(key) == expected.get(key), key
+    x = _load(add_manifest).example_inputs
+    assert session.run(None, x), "the session runs with these options"
+
+
 # --- providers and placement -------------------------------------------------------------
 
 

@@ -1,4 +1,5 @@
-"""The thread plan's waiting awake between calls: only where a core is left for it."""
+"""The thread plan: waiting awake between calls only where a core is left for it, and pools
+that spin within their runs only where no other pool may run at the same time."""
 
 from __future__ import annotations
 
@@ -31,3 +32,21 @@ def test_graph_stages_beside_a_language_model_never_wait_awake() -> None:
     plans = plan_threads(config, 8)
     assert plans, "chat-speak has graph stages"
     assert {plan.spin_wait_us for plan in plans.values()} == {0}
+
+
+def test_pools_that_take_turns_spin_within_their_runs() -> None:
+    for name, count in (("add.yaml", 1), ("mlp-chain.yaml", 2)):
+        plans = plan_threads(load_pipeline(PIPELINES / name), 2)
+        assert len(plans) == count
+        assert all(plan.allow_spinning for plan in plans.values()), name
+        assert all("spinning within each run only" in plan.reason for plan in plans.values())
+
+
+def test_pools_that_may_run_at_the_same_time_never_spin() -> None:
+    config = load_pipeline(PIPELINES / "mlp-chain.yaml")
+    names = [stage.name for stage in config.stages]
+    plans = plan_threads(config, 8, concurrent=names)
+    assert all(plan.overlaps for plan in plans.values())
+    assert not any(plan.allow_spinning for plan in plans.values())
+    beside_a_language_model = plan_threads(load_pipeline(PIPELINES / "chat-speak.yaml"), 8)
+    assert not any(plan.allow_spinning for plan in beside_a_language_model.values())

@@ -113,4 +113,5 @@ def test_the_arenas_are_in_the_execution_plan(omni: Omni) -> None:
         assert arenas["outputs_bytes"] >= 2 * NBYTES
         threads = stage["threads"]
         assert threads["applied_intra_op_threads"] == threads["intra_op_threads"] >= 1
-        assert threads["applied_allow_spinning"] is False, "two pools take turns on the cores"
+        # Two pools take turns on the cores: each spins within its own runs only.
+        assert threads["applied_allow_spinning"] is True
