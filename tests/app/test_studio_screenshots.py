@@ -139,7 +139,7 @@ stages:
     backend:
       name: native.vllm.v1
       model: smollm2-135m-instruct
-      engine: {dtype: bfloat16, max_model_len: 2048, max_num_seqs: 2,
+      engine: {dtype: float32, max_model_len: 2048, max_num_seqs: 2,
                kv_cache_memory_bytes: 128MiB, enforce_eager: true, seed: 0}
       sampling: {max_tokens: 96, temperature: 0.0}
       route: {name: local-vllm, interpreter: env:vllm-cpu}

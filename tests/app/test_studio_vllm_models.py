@@ -157,7 +157,7 @@ def test_first_use_converts_the_built_in_assistant_then_answers(
                     "name": "native.vllm.v1",
                     "model": SMOLLM2_MODEL,
                     "engine": {
-                        "dtype": "bfloat16",
+                        "dtype": "float32",
                         "max_model_len": 2048,
                         "max_num_seqs": 4,
                         "kv_cache_memory_bytes": "128MiB",

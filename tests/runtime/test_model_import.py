@@ -25,6 +25,7 @@ from runtime.model_import import (
     CHAT,
     CHAT_SPEAK,
     GRAPH,
+    LLM_BASE_DEMAND,
     ModelImportError,
     import_model,
     list_my_pipelines,
@@ -216,6 +217,11 @@ def test_a_model_folder_becomes_a_chat_or_chat_speak_pipeline(tmp_path: Path) ->
     config = load_pipeline(chat.pipeline)
     assert len(config.stages) == 1
     assert config.stages[0].backend.model == folder  # type: ignore[union-attr]
+    # float32: vLLM's CPU kernels in bfloat16 answer wrongly on some CPUs; the demand covers
+    # the weights loaded in float32 (twice a 16-bit folder) and as much again for loading.
+    assert config.stages[0].backend.engine_args.dtype == "float32"  # type: ignore[union-attr]
+    weights = (folder / "model.safetensors").stat().st_size
+    assert config.stages[0].resource_budget.demands["machine:ram"] == LLM_BASE_DEMAND + 4 * weights
     assert config.adapter is not None
     assert config.adapter.options["prompt_template"] == "chat"
     spoken = import_model(folder, name="spoken", speak=True, root=root)
