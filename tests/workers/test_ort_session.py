@@ -230,8 +230,9 @@ def test_pools_spin_within_runs_only_or_not_at_all(
     add_manifest: Path, allow_spinning: bool, expected: dict[str, str]
 ) -> None:
     """A pool allowed to spin stops when each run ends; one that may not sleeps when idle."""
+    graph = _load(add_manifest)
     session = create_session(
-        _load(add_manifest), [CPU], [CPU], CPU, intra_op_threads=2, allow_spinning=allow_spinning
+        graph, [CPU], [CPU], CPU, intra_op_threads=2, allow_spinning=allow_spinning
     )
     options = session.get_session_options()
 
@@ -243,8 +244,7 @@ def test_pools_spin_within_runs_only_or_not_at_all(
 
     for key in ("session.force_spinning_stop", "session.intra_op.allow_spinning"):
         assert entry(key) == expected.get(key), key
-    x = _load(add_manifest).example_inputs
-    assert session.run(None, x), "the session runs with these options"
+    assert session.run(None, graph.example_inputs), "the session runs with these options"
 
 
 # --- providers and placement -------------------------------------------------------------
