@@ -214,8 +214,6 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
     """The engine's client for one ``external.graph.v1`` stage, served by a worker process."""
 
     _CLOSE_REASON = "pipeline closed"
-    # Only the reader thread (started after the hello) can deliver the worker's bye.
-    _BYE_NEEDS_READER = True
 
     def __init__(
         self,

@@ -19,7 +19,7 @@ from runtime.backends.base import ReservationRecord, WorkerRecord, reservation_r
 from runtime.backends.retirement import settle_reservation
 from runtime.contracts.messages import HelloMessage, ShutdownMessage
 from runtime.errors import ExecutionError, WorkerDied
-from runtime.events import WorkerRetired
+from runtime.events import StageWorkerUp, WorkerRetired
 from runtime.host import (
     BUILTIN_WORKERS,
     LaunchSpec,
@@ -172,8 +172,6 @@ class WorkerStageClient(ABC, Generic[ReadyT]):
 
     #: Why :meth:`close` retires the worker (the reason ``WorkerRetired`` carries).
     _CLOSE_REASON: ClassVar[str] = "stage closed"
-    #: Whether the worker's bye can only arrive through the reader thread (started after the hello).
-    _BYE_NEEDS_READER: ClassVar[bool] = False
 
     timeouts: WorkerTimeouts
 
@@ -335,6 +333,8 @@ class WorkerStageClient(ABC, Generic[ReadyT]):
             channel.start_loop_reader(loop, self._on_frame_loop, self._on_closed)
         else:
             start_reader_thread(channel, self._on_frame_thread, self._on_closed_thread)
+        if self._events is not None:
+            self._events.publish(StageWorkerUp(stage=self.name, pid=self._hello.pid))
         return channel
 
     # -- the worker's end ----------------------------------------------------------------
@@ -476,8 +476,10 @@ class WorkerStageClient(ABC, Generic[ReadyT]):
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
         channel = self._channel
-        reading = self._load_future is not None or not self._BYE_NEEDS_READER
-        if self._failure is None and channel is not None and reading:
+        # Only a worker that answered its load reads a shutdown: one still starting or loading
+        # (a vLLM engine takes tens of seconds) is retired at once instead of awaiting a bye.
+        answered = self._load_future is not None and self._load_future.done()
+        if self._failure is None and channel is not None and answered:
             self._bye = self._loop.create_future()
             try:
                 channel.send_message(

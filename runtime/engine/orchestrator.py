@@ -23,6 +23,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from runtime.backends.inprocess import INPROCESS_WORKER
+from runtime.config import LlmBackendConfig, RemoteLlmRoute
 from runtime.contracts import RequestKey, new_request_id
 from runtime.engine.metrics import RequestMetrics, StageCallMetrics, StageTotals
 from runtime.engine.outputs import END, OutputStream
@@ -44,7 +46,10 @@ from runtime.errors import (
 )
 from runtime.events import (
     EventBus,
+    LoadingStage,
     PipelineClosed,
+    PipelineLoadFailed,
+    PipelineLoading,
     PipelineReady,
     RequestAdmitted,
     RequestFinished,
@@ -85,6 +90,23 @@ def _fix_mmap_threshold() -> None:
     mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
     if mallopt is not None:
         mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+
+
+class LoadCancelled(OmniError):
+    """``Orchestrator.start`` was stopped by ``cancel_start``; everything it began is unwound."""
+
+
+def loading_stages(config: PipelineConfig) -> tuple[LoadingStage, ...]:
+    """Each stage with what serves it, in words, as the loading views name it."""
+    stages = []
+    for stage in config.stages:
+        backend = stage.backend
+        if isinstance(backend, LlmBackendConfig):
+            kind = "remote server" if isinstance(backend.route, RemoteLlmRoute) else "vLLM worker"
+        else:
+            kind = "in process" if backend.route.worker == INPROCESS_WORKER else "graph worker"
+        stages.append(LoadingStage(stage.name, kind))
+    return tuple(stages)
 
 
 @dataclass(eq=False)
@@ -145,28 +167,44 @@ class Orchestrator:
         self._state = "new"  # new -> running -> closed
         self._execution_plan: dict[str, Any] = {}
         self._completed: list[RequestMetrics] = []
+        #: ``cancel_start`` was called; the start task it cancels, once it runs.
+        self._start_cancelled = False
+        self._start_task: asyncio.Task[Any] | None = None
 
     # -- lifecycle -------------------------------------------------------------------
 
     def start(self) -> dict[str, Any]:
-        """Start the loop thread and every stage; blocks until ready or raises (unwound)."""
+        """Start the loop thread and every stage; blocks until ready or raises (unwound).
+
+        Publishes ``PipelineLoading`` first, each stage's phases as it goes, then
+        ``PipelineReady`` or ``PipelineLoadFailed``. ``cancel_start`` from another thread
+        makes it raise :class:`LoadCancelled` once everything it began is unwound."""
+        pipeline = self.config.pipeline
         with self._lock:
             if self._state != "new":
-                raise UsageError(f"pipeline {self.config.pipeline} was already started")
+                raise UsageError(f"pipeline {pipeline} was already started")
             self._state = "starting"
+        self.events.publish(PipelineLoading(pipeline=pipeline, stages=loading_stages(self.config)))
         _fix_mmap_threshold()
         ready: cf.Future[asyncio.AbstractEventLoop] = cf.Future()
         self._thread = threading.Thread(
-            target=self._run_loop, args=(ready,), name=f"omni-{self.config.pipeline}", daemon=True
+            target=self._run_loop, args=(ready,), name=f"omni-{pipeline}", daemon=True
         )
         self._thread.start()
         self._loop = ready.result()
         try:
-            asyncio.run_coroutine_threadsafe(self._runtime.start(), self._loop).result()
-        except BaseException:
+            asyncio.run_coroutine_threadsafe(self._start_stages(), self._loop).result()
+        except BaseException as exc:
             self._stop_loop()
             with self._lock:
                 self._state = "closed"
+                cancelled = self._start_cancelled
+            message = "cancelled" if cancelled else str(exc) or type(exc).__name__
+            self.events.publish(
+                PipelineLoadFailed(pipeline=pipeline, message=message, cancelled=cancelled)
+            )
+            if cancelled:
+                raise LoadCancelled(f"loading pipeline {pipeline} was cancelled") from None
             raise
         self._execution_plan = self._runtime.execution_plan()
         with self._lock:
@@ -176,6 +214,26 @@ class Orchestrator:
             PipelineReady(pipeline=self.config.pipeline, execution_plan=self._execution_plan)
         )
         return self._execution_plan
+
+    async def _start_stages(self) -> None:
+        with self._lock:
+            if self._start_cancelled:
+                raise asyncio.CancelledError
+            self._start_task = asyncio.current_task()
+        await self._runtime.start()
+
+    def cancel_start(self) -> bool:
+        """Stop a start under way, from any thread, without waiting: the stages begun so far
+        are retired and their reservations settled before ``start`` raises
+        :class:`LoadCancelled`. False once the pipeline runs or is closed (close it instead)."""
+        with self._lock:
+            if self._state not in ("new", "starting"):
+                return False
+            self._start_cancelled = True
+            task, loop = self._start_task, self._loop
+        if task is not None and loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(task.cancel)
+        return True
 
     def _run_loop(self, ready: cf.Future[asyncio.AbstractEventLoop]) -> None:
         loop = asyncio.new_event_loop()

@@ -18,6 +18,7 @@ import importlib.util
 import itertools
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -54,7 +55,7 @@ from runtime.devices import (
 from runtime.engine.stages import GraphStage, LlmStage, StageHandle
 from runtime.envs.manager import envs_root
 from runtime.errors import ConfigError, ExecutionError, OmniError, UsageError
-from runtime.events import EventBus, StageReady, StageStarting
+from runtime.events import EventBus, StageFailed, StageReady, StageStarting
 from runtime.host import (
     RouteError,
     current_os_domain,
@@ -70,7 +71,7 @@ if TYPE_CHECKING:
     from collections.abc import Collection
 
     from runtime.artifacts import VerifiedBundle
-    from runtime.backends.base import GraphClient, LlmClient, StageClient
+    from runtime.backends.base import GraphClient, LlmClient, StageClient, StageRecord
     from runtime.config import PipelineConfig, StageConfig
     from runtime.contracts.devices import DeviceDescriptor
     from runtime.ledger import PlanReservation, ResourceLedger, StageReservation
@@ -294,18 +295,33 @@ class StageRuntime:
             for handle in self.stages:
                 self.events.publish(StageStarting(stage=handle.name, route=handle.route_name))
             results = await asyncio.gather(
-                *(handle.start() for handle in self.stages), return_exceptions=True
+                *(self._start_stage(handle) for handle in self.stages), return_exceptions=True
             )
             for handle, result in zip(self.stages, results, strict=True):
                 if isinstance(result, BaseException):
                     if isinstance(result, OmniError):
                         raise StageStartError(handle.name, result) from result
                     raise result
-                self.events.publish(StageReady(stage=handle.name, record=result.to_json()))
         except BaseException:
             await self.close()
             raise
         return self.stages
+
+    async def _start_stage(self, handle: StageHandle) -> StageRecord:
+        """Start one stage; its ready (or failed) event carries the seconds it took."""
+        started = time.monotonic()
+        try:
+            record = await handle.start()
+        except BaseException as exc:
+            message = "cancelled" if isinstance(exc, asyncio.CancelledError) else str(exc)
+            elapsed = time.monotonic() - started
+            self.events.publish(StageFailed(stage=handle.name, message=message, elapsed_s=elapsed))
+            raise
+        elapsed = time.monotonic() - started
+        self.events.publish(
+            StageReady(stage=handle.name, record=record.to_json(), elapsed_s=elapsed)
+        )
+        return record
 
     async def _make_stage(
         self, stage: StageConfig, found: _Resolved, reservation: StageReservation
