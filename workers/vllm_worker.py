@@ -1,4 +1,4 @@
-"""The vLLM worker process: build vLLM's async engine for a model directory, then stream.
+"""The vLLM worker process: vLLM's engine in this one process, stepped by its own loop.
 
 Run as ``python -m workers.vllm_worker`` with an interpreter that has vLLM (the managed
 ``vllm-cpu`` or ``vllm-cuda`` environment) and the project root on ``PYTHONPATH``. It
@@ -7,20 +7,28 @@ stdin/stdout through a :class:`~runtime.transport.channel.FramedChannel`; everyt
 (vLLM's logs among it) goes to stderr. Its generation comes from
 ``OMNI_EDGE_WORKER_GENERATION``.
 
-1. ``hello`` announces the protocol, the ``text-stream`` feature, pid and generation.
-2. ``llm_load`` builds ``AsyncLLM`` from the engine arguments, runs a two-token warm-up
-   and answers ``llm_ready`` with the effective limits and the resident memory of the
-   worker's whole process tree (vLLM's engine core and its model worker included). A
-   failure is a fatal ``llm_error`` and the process exits.
-3. Each ``generate`` runs as its own task: vLLM batches concurrent requests. Every engine
-   step's new text and token ids go out as one ``delta``; the last one says ``finished``.
-   ``abort`` cancels the request's task, which makes vLLM abort it and free its KV cache;
-   the request then ends with a ``delta`` whose reason is ``abort``. ``stats`` answers with
-   the tree's current memory. ``shutdown`` (or the controller closing stdin) aborts what
-   runs, shuts the engine down and answers ``bye``.
+vLLM's synchronous ``LLMEngine`` runs here with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: its
+engine core (scheduler, KV cache) and its model executor live in this process, so torch
+and vLLM are imported once and the worker's tree is this one process (vLLM's asynchronous
+engine would start an engine-core process and, on the CPU, a model-worker process, each
+importing torch and vLLM again).
 
-vLLM starts its engine processes with ``spawn``, which re-imports this module: everything
-runs under the ``if __name__ == "__main__":`` guard.
+1. ``hello`` announces the protocol, the ``text-stream`` feature, pid and generation.
+2. ``llm_load`` builds the engine from the engine arguments, runs a two-token warm-up and
+   answers ``llm_ready`` with the effective limits and the resident memory of the worker's
+   process tree. A failure is a fatal ``llm_error`` and the process exits.
+3. Each ``generate`` is added to the engine at once; while any request is in flight the
+   loop steps the engine continuously (vLLM batches the running requests, up to
+   ``max_num_seqs``) and reads new frames between steps without blocking; idle, it waits
+   on its input. Every step's new text and token ids go out as one ``delta`` per request,
+   all of one step in one write; the last one says ``finished``. ``abort`` removes the
+   request from the engine (which frees its KV cache) before the next step and ends it
+   with a ``delta`` whose reason is ``abort``. ``stats`` answers with the tree's current
+   memory and the number of requests the engine holds. ``shutdown`` (or the controller
+   closing stdin) aborts what runs, shuts the engine down and answers ``bye``. An engine
+   step that raises leaves the engine in an unknown state: a fatal ``engine_died``.
+
+Everything runs under the ``if __name__ == "__main__":`` guard, so nothing runs on import.
 """
 
 from __future__ import annotations
@@ -91,11 +99,12 @@ OFFLINE_ENVIRONMENT: Final = {
     "HF_HUB_DISABLE_TELEMETRY": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }
-#: How often the engine's health is checked while idle, in seconds.
-HEALTH_INTERVAL_S: Final = 0.5
-#: How long shutdown waits for aborted requests to wind down, in seconds.
-DRAIN_S: Final = 5.0
+#: Set before vLLM is imported: its engine core and model executor stay in this process.
+ONE_PROCESS_ENVIRONMENT: Final = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 WARMUP_PROMPT: Final = "warm up"
+WARMUP_ID: Final = "warmup"
+#: Steps the two-token warm-up may take before the load is called failed.
+WARMUP_MAX_STEPS: Final = 64
 #: A delta with more text characters plus token ids than this is written on its own: below
 #: it, its frame is far under the header limit (at most 16 bytes of JSON per item).
 BATCHED_DELTA_ITEMS: Final = 16_384
@@ -151,15 +160,21 @@ def _sampling_params(vllm: Any, spec: SamplingSpec) -> Any:
     )
 
 
+def _engine_id(request_id: str, epoch: int) -> str:
+    return f"{request_id}@{epoch}"
+
+
 class LlmWorker:
-    """One engine served over one channel, on one asyncio loop."""
+    """One engine served over one channel: the asyncio loop reads frames, steps the engine."""
 
     def __init__(self, channel: FramedChannel) -> None:
         self._channel = channel
         self._vllm: Any = None
         self._engine: Any = None
         self._max_num_seqs = 0
-        self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
+        # The requests in the engine, by the id the engine knows them by.
+        self._running: dict[str, tuple[str, int]] = {}
+        self._step_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._exit_code = EXIT_OK
@@ -170,11 +185,12 @@ class LlmWorker:
 
     # Loading.
 
-    async def load(self, message: LlmLoadMessage) -> LlmReadyMessage:
+    def load(self, message: LlmLoadMessage) -> LlmReadyMessage:
         """Build the engine and warm it up; any exception means the load failed."""
         started = time.perf_counter()
         for key, value in OFFLINE_ENVIRONMENT.items():
             os.environ.setdefault(key, value)
+        os.environ.update(ONE_PROCESS_ENVIRONMENT)
         model_dir = Path(message.model_dir)
         if not (model_dir / "config.json").is_file():
             raise FileNotFoundError(
@@ -182,7 +198,7 @@ class LlmWorker:
                 "model directory (config.json, weights, tokenizer files)"
             )
         vllm = importlib.import_module("vllm")
-        async_llm = importlib.import_module("vllm.v1.engine.async_llm")
+        llm_engine = importlib.import_module("vllm.v1.engine.llm_engine")
         arg_utils = importlib.import_module("vllm.engine.arg_utils")
         args = message.engine_args
         options: dict[str, Any] = {
@@ -201,12 +217,19 @@ class LlmWorker:
             options["kv_cache_memory_bytes"] = args.kv_cache_memory_bytes
         if args.gpu_memory_utilization is not None:
             options["gpu_memory_utilization"] = args.gpu_memory_utilization
-        engine = async_llm.AsyncLLM.from_engine_args(arg_utils.AsyncEngineArgs(**options))
+        engine = llm_engine.LLMEngine.from_engine_args(
+            arg_utils.EngineArgs(**options), enable_multiprocessing=False
+        )
         self._vllm = vllm
         self._engine = engine
         warm = _sampling_params(vllm, SamplingSpec(max_tokens=2, temperature=0.0))
-        async for _ in engine.generate({"prompt": WARMUP_PROMPT}, warm, "warmup"):
-            pass
+        engine.add_request(WARMUP_ID, {"prompt": WARMUP_PROMPT}, warm)
+        for _ in range(WARMUP_MAX_STEPS):
+            if not engine.has_unfinished_requests():
+                break
+            engine.step()
+        else:
+            raise RuntimeError(f"the warm-up did not finish within {WARMUP_MAX_STEPS} steps")
         config = engine.vllm_config
         self._max_num_seqs = int(config.scheduler_config.max_num_seqs)
         platforms = importlib.import_module("vllm.platforms")
@@ -227,19 +250,17 @@ class LlmWorker:
     # Serving.
 
     async def serve(self) -> int:
-        """Answer messages until shutdown, end of input or the engine's death."""
+        """Answer messages until shutdown, end of input or the engine's failure."""
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         if loop_reading_supported(self._channel):
             # POSIX: the loop watches stdin itself, so a request reaches the engine without a
-            # thread hop.
+            # thread hop, and frames that arrived during a step are read before the next one.
             self._channel.start_loop_reader(self._loop, self._on_frame, self._on_input_closed)
         else:
             threading.Thread(target=self._read_loop, name="vllm-worker-reader", daemon=True).start()
-        health = asyncio.create_task(self._watch_health())
         await self._stop.wait()
-        health.cancel()
-        await self._wind_down()
+        self._wind_down()
         self._flush()
         if self._say_bye:
             with contextlib.suppress(ChannelClosed):
@@ -290,15 +311,15 @@ class LlmWorker:
             self._loop.call_soon_threadsafe(callback, *args)
 
     def _dispatch(self, message: Message) -> None:
+        if self._stop is not None and self._stop.is_set():
+            return  # a frame handed over by the reader thread after the worker began to stop
         if isinstance(message, GenerateMessage):
             self._start(message)
         elif isinstance(message, AbortMessage):
-            task = self._tasks.get((message.request_id, message.epoch))
-            if task is not None:
-                task.cancel()
+            self._abort(message.request_id, message.epoch)
         elif isinstance(message, StatsMessage):
             rss, pss, processes = tree_memory()
-            self._send(LlmStatsMessage(rss, pss, processes, len(self._tasks)))
+            self._send(LlmStatsMessage(rss, pss, processes, self._engine_in_flight()))
         elif isinstance(message, ShutdownMessage):
             self._finish(EXIT_OK, True)
         else:
@@ -306,72 +327,125 @@ class LlmWorker:
 
     def _start(self, message: GenerateMessage) -> None:
         key = (message.request_id, message.epoch)
-        if key in self._tasks:
+        engine_id = _engine_id(*key)
+        if engine_id in self._running:
             self._send_error(
                 key, "duplicate", f"request {message.request_id} epoch {message.epoch} is running"
             )
             return
-        if len(self._tasks) >= self._max_num_seqs:
+        if len(self._running) >= self._max_num_seqs:
             self._send_error(
                 key,
                 "busy",
-                f"{len(self._tasks)} requests are in flight; max_num_seqs is {self._max_num_seqs}",
+                f"{len(self._running)} requests are in flight; max_num_seqs is "
+                f"{self._max_num_seqs}",
             )
             return
-        self._tasks[key] = asyncio.create_task(self._generate(message))
-
-    async def _generate(self, message: GenerateMessage) -> None:
-        key = (message.request_id, message.epoch)
         prompt: dict[str, Any] = (
             {"prompt": message.prompt}
             if message.prompt is not None
             else {"prompt_token_ids": list(message.prompt_token_ids or ())}
         )
-        engine_id = f"{message.request_id}@{message.epoch}"
         try:
             params = _sampling_params(self._vllm, message.sampling)
-            async for output in self._engine.generate(prompt, params, engine_id):
-                completion = output.outputs[0]
-                finished = bool(output.finished)
-                reason = None
-                if finished:
-                    reason = str(completion.finish_reason)
-                    if reason not in FINISH_REASONS:
-                        self._send_error(key, "engine_error", f"finished with reason {reason!r}")
-                        return
-                token_ids = tuple(int(token) for token in completion.token_ids)
-                if not finished and not token_ids and not completion.text:
-                    continue
-                prompt_ids = getattr(output, "prompt_token_ids", None) if finished else None
-                self._send(
-                    DeltaMessage(
-                        message.request_id,
-                        message.epoch,
-                        completion.text,
-                        token_ids,
-                        finished,
-                        reason,
-                        None if prompt_ids is None else len(prompt_ids),
-                    )
-                )
-        except asyncio.CancelledError:
-            # vLLM's generate() aborted the request on its way out; say it ended.
-            self._send(DeltaMessage(message.request_id, message.epoch, "", (), True, "abort"))
-        except Exception as exc:  # noqa: BLE001 - a request's failure is reported, not raised
-            dead = self._engine is not None and bool(getattr(self._engine, "errored", False))
-            if dead:
-                self._fatal("engine_died", f"the engine died: {exc}", EXIT_ENGINE_DIED)
-            else:
-                self._send_error(key, "request_failed", f"{type(exc).__name__}: {exc}")
-        finally:
-            self._tasks.pop(key, None)
+            self._engine.add_request(engine_id, prompt, params)
+        except Exception as exc:  # noqa: BLE001 - a request vLLM refuses is reported to it
+            # Whatever part of it the engine took is dropped again.
+            with contextlib.suppress(Exception):
+                self._engine.abort_request([engine_id])
+            self._send_error(key, "request_failed", f"{type(exc).__name__}: {exc}")
+            return
+        self._running[engine_id] = key
+        self._schedule_step()
 
-    async def _watch_health(self) -> None:
-        while True:
-            await asyncio.sleep(HEALTH_INTERVAL_S)
-            if self._engine is not None and bool(getattr(self._engine, "errored", False)):
-                self._fatal("engine_died", "vLLM's engine core stopped", EXIT_ENGINE_DIED)
+    def _abort(self, request_id: str, epoch: int) -> None:
+        """Remove the request from the engine (its KV cache is freed now) and end it."""
+        engine_id = _engine_id(request_id, epoch)
+        if self._running.pop(engine_id, None) is None:
+            return  # finished already, or never started: its end was sent
+        try:
+            self._engine.abort_request([engine_id])
+        except Exception as exc:  # noqa: BLE001 - an engine that cannot abort is unusable
+            self._fatal("engine_died", f"the engine failed to abort: {exc}", EXIT_ENGINE_DIED)
+            return
+        self._send(DeltaMessage(request_id, epoch, "", (), True, "abort"))
+        # One more step lets the scheduler drop the aborted request from its batch.
+        self._schedule_step()
+
+    def _engine_in_flight(self) -> int:
+        """The requests the engine's scheduler holds (waiting or running)."""
+        core = getattr(getattr(self._engine, "engine_core", None), "engine_core", None)
+        scheduler = getattr(core, "scheduler", None)
+        count = getattr(scheduler, "get_num_unfinished_requests", None)
+        return int(count()) if callable(count) else len(self._running)
+
+    def _needs_step(self) -> bool:
+        if self._running:
+            return True
+        core = getattr(getattr(self._engine, "engine_core", None), "engine_core", None)
+        has_requests = getattr(getattr(core, "scheduler", None), "has_requests", None)
+        return bool(has_requests()) if callable(has_requests) else False
+
+    def _schedule_step(self) -> None:
+        """Step the engine on the loop's next turn, after the frames that arrived are read."""
+        if self._step_scheduled or self._engine is None:
+            return
+        if self._stop is not None and self._stop.is_set():
+            return
+        self._step_scheduled = True
+        asyncio.get_running_loop().call_soon(self._step)
+
+    def _step(self) -> None:
+        """One engine step: every running request's new tokens go out, in one write."""
+        self._step_scheduled = False
+        if self._engine is None or (self._stop is not None and self._stop.is_set()):
+            return
+        if not self._needs_step():
+            return
+        try:
+            outputs = self._engine.step()
+        except Exception as exc:  # noqa: BLE001 - a failed step leaves the engine unusable
+            self._running.clear()
+            self._fatal(
+                "engine_died", f"the engine failed: {type(exc).__name__}: {exc}", EXIT_ENGINE_DIED
+            )
+            return
+        for output in outputs:
+            self._on_output(output)
+        self._flush()
+        # Idle, the loop waits on its input: after the last request, no step is scheduled.
+        if self._running:
+            self._schedule_step()
+
+    def _on_output(self, output: Any) -> None:
+        engine_id = str(output.request_id)
+        key = self._running.get(engine_id)
+        if key is None:
+            return  # aborted in this turn: its end was sent
+        completion = output.outputs[0]
+        finished = bool(output.finished)
+        reason = None
+        if finished:
+            del self._running[engine_id]
+            reason = str(completion.finish_reason)
+            if reason not in FINISH_REASONS:
+                self._send_error(key, "engine_error", f"finished with reason {reason!r}")
                 return
+        token_ids = tuple(int(token) for token in completion.token_ids)
+        if not finished and not token_ids and not completion.text:
+            return
+        prompt_ids = getattr(output, "prompt_token_ids", None) if finished else None
+        self._send(
+            DeltaMessage(
+                key[0],
+                key[1],
+                completion.text,
+                token_ids,
+                finished,
+                reason,
+                None if prompt_ids is None else len(prompt_ids),
+            )
+        )
 
     def _finish(self, code: int, say_bye: bool) -> None:
         if self._stop is None or self._stop.is_set():
@@ -384,17 +458,26 @@ class LlmWorker:
         self._send_error(None, code, text, fatal=True)
         self._finish(exit_code, False)
 
-    async def _wind_down(self) -> None:
-        tasks = list(self._tasks.values())
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=DRAIN_S)
+    def _wind_down(self) -> None:
+        """Abort what runs (each ends with an ``abort`` delta), then shut the engine down."""
+        engine = self._engine
+        for engine_id, (request_id, epoch) in list(self._running.items()):
+            if engine is not None:
+                with contextlib.suppress(Exception):
+                    engine.abort_request([engine_id])
+            self._send(DeltaMessage(request_id, epoch, "", (), True, "abort"))
+        self._running.clear()
+        self.close_engine()
+
+    def close_engine(self) -> None:
+        """Shut the engine down (idempotent)."""
         engine, self._engine = self._engine, None
         if engine is not None:
-            engine.shutdown()
-            # Collected now, while the interpreter is whole: its finalizer shuts down again.
-            del engine
+            core = getattr(engine, "engine_core", None)
+            if core is not None:
+                core.shutdown()
+            # Collected now, while the interpreter is whole: its finalizers shut down again.
+            del engine, core
             gc.collect()
 
     # Sending.
@@ -435,19 +518,19 @@ class LlmWorker:
         self._send(LlmErrorMessage(request_id, epoch, code, text, fatal))
 
 
-async def _run_async(channel: FramedChannel, load: LlmLoadMessage) -> int:
+def _serve(channel: FramedChannel, load: LlmLoadMessage) -> int:
     worker = LlmWorker(channel)
     try:
-        ready = await worker.load(load)
+        ready = worker.load(load)
     except Exception as exc:  # noqa: BLE001 - any load failure is reported to the controller
         with contextlib.suppress(ChannelClosed):
             channel.send_message(
                 LlmErrorMessage(None, None, "load_failed", f"{type(exc).__name__}: {exc}", True)
             )
-        await worker._wind_down()
+        worker.close_engine()
         return EXIT_LOAD_FAILED
     channel.send_message(ready)
-    return await worker.serve()
+    return asyncio.run(worker.serve())
 
 
 def run(channel: FramedChannel, generation: int) -> int:
@@ -475,7 +558,7 @@ def run(channel: FramedChannel, generation: int) -> int:
             )
         )
         return EXIT_PROTOCOL
-    return asyncio.run(_run_async(channel, first))
+    return _serve(channel, first)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

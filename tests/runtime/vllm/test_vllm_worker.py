@@ -106,7 +106,7 @@ def test_greedy_generation_matches_vllm_directly_token_for_token(
             assert ready.device == "cpu"
             assert ready.max_num_seqs == ENGINE_ARGS.max_num_seqs
             assert ready.max_model_len == ENGINE_ARGS.max_model_len
-            assert ready.processes >= 3  # the worker, vLLM's engine core and its model worker
+            assert ready.processes == 1  # vLLM's engine core runs in the worker's process
             assert 0 < ready.pss_bytes <= ready.rss_bytes
             ours = []
             for index, prompt in enumerate(prompts):
@@ -152,7 +152,7 @@ def test_abort_frees_the_slot_quickly_and_the_worker_serves_on(
                 await first.__anext__()
             stats = await client.stats()
             assert stats.in_flight == 3
-            assert stats.processes >= 3
+            assert stats.processes == 1
 
             # The freed slot takes a new request, which completes while three others run.
             text, tokens, _, reason = await _collect(client, RequestKey("after"), "Hello", SHORT)
@@ -181,6 +181,53 @@ def test_abort_frees_the_slot_quickly_and_the_worker_serves_on(
     asyncio.run(scenario())
 
 
+def test_the_worker_is_one_process_and_an_abort_frees_its_request_in_the_engine(
+    tiny_model: Path, ledger: ResourceLedger
+) -> None:
+    async def scenario() -> None:
+        client = await start_stage(tiny_model, ledger)
+        try:
+            assert client.pid is not None
+            worker = psutil.Process(client.pid)
+            ready = client.ready
+            assert ready is not None
+            assert ready.processes == 1
+            assert worker.children(recursive=True) == []
+
+            kept = await client.generate(RequestKey("kept"), "The river", LONG)
+            dropped = await client.generate(RequestKey("dropped"), "The mountain", LONG)
+            await _first_tokens(kept, 4)
+            await _first_tokens(dropped, 4)
+            # Generating, the tree is still the worker alone: no engine-core or model process.
+            assert worker.children(recursive=True) == []
+            assert (await client.stats()).in_flight == 2
+
+            assert await client.abort(dropped.key)
+            with pytest.raises(RequestCancelled, match="dropped was aborted"):
+                await dropped.__anext__()
+            # The count is the engine scheduler's own: the aborted request left it (and its KV
+            # cache blocks) while the other one goes on streaming.
+            stats = await client.stats()
+            assert stats.in_flight == 1
+            assert stats.processes == 1
+            assert await _first_tokens(kept, 4) >= 4
+
+            await kept.aclose()
+            assert (await client.stats()).in_flight == 0
+            _, tokens, _, reason = await _collect(client, RequestKey("after"), "Hello", SHORT)
+            assert len(tokens) == SHORT.max_tokens
+            assert reason == "length"
+            assert worker.children(recursive=True) == []
+            assert client.pid == worker.pid
+        finally:
+            await client.close()
+        outcome = client.retire_outcome
+        assert outcome is not None
+        assert outcome.confirmed_gone
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.usefixtures("subreaper")
 def test_a_killed_worker_gives_worker_died_and_leaves_nothing(
     tiny_model: Path, ledger: ResourceLedger
@@ -192,7 +239,7 @@ def test_a_killed_worker_gives_worker_died_and_leaves_nothing(
             stream = await client.generate(RequestKey("doomed"), "The river", LONG)
             await _first_tokens(stream, 5)
             tree = _tree(client.pid)
-            assert len(tree) >= 3
+            assert len(tree) == 1
             identities = [(p.pid, p.create_time()) for p in tree]
             tmpdir = client.launch_spec().env["TMPDIR"]
             assert Path(tmpdir).is_dir()
