@@ -70,7 +70,8 @@ class VerificationError(RefusedError):
 
 
 class AdmissionRefused(RefusedError):
-    """The ledger cannot hold a plan's demands."""
+    """The ledger cannot hold a plan's demands. ``holders``: (owner, bytes) of what other
+    plans hold of ``constraint``, largest first."""
 
     def __init__(
         self,
@@ -80,12 +81,14 @@ class AdmissionRefused(RefusedError):
         needed: int,
         free: int,
         stages: tuple[str, ...] = (),
+        holders: tuple[tuple[str, int], ...] = (),
     ) -> None:
         super().__init__(message)
         self.constraint = constraint
         self.needed = needed
         self.free = free
         self.stages = stages
+        self.holders = holders
 
 
 class PlacementRefused(RefusedError):

@@ -1,10 +1,13 @@
 """The resource ledger: atomic, multi-constraint reservations for whole plans.
 
 Capacities are pre-load ceilings per memory constraint (``machine:ram``,
-``machine:vram:<id>``, ``wsl:quota``), declared by the plan, not sampled from the OS.
-A plan reserves every stage's demands at once: either all of them fit in every
-constraint or nothing is charged and :class:`~runtime.errors.AdmissionRefused` names
-the constraint, what the plan needs, what is free and which stages asked.
+``machine:vram:<id>``, ``wsl:quota``): the machine's, declared once and never rewritten
+by a plan, not sampled from the OS. A plan's own declared capacities are *its* ceiling,
+checked against its demands only (``reserve_plan(..., ceiling=...)``), so pipelines
+with different ceilings share one ledger. A plan reserves every stage's demands at once:
+either all of them fit in every constraint or nothing is charged and
+:class:`~runtime.errors.AdmissionRefused` names the constraint, what the plan needs,
+what is free, which stages asked and which plans hold the rest.
 
 A reservation whose release cannot be confirmed (for example a worker tree whose
 identity could not be verified) is *quarantined*: it stays charged, visible with its
@@ -333,6 +336,37 @@ def _askers(demands: Mapping[str, Mapping[str, int]], constraint: str) -> tuple[
     return positive or tuple(s for s, d in demands.items() if constraint in d)
 
 
+def _check_ceiling(
+    owner: str,
+    ceiling: Mapping[str, int],
+    demands: Mapping[str, Mapping[str, int]],
+    totals: Mapping[str, int],
+) -> None:
+    """Refuse a plan whose demands exceed its own declared capacities (or name one it does
+    not declare), whatever the shared ledger has free."""
+    for constraint, need in totals.items():
+        limit = ceiling.get(constraint)
+        if limit is not None and need <= limit:
+            continue
+        stages = _askers(demands, constraint)
+        asked = f"{constraint} needs {format_bytes(need)} for {', '.join(stages)}"
+        if limit is None:
+            declared = ", ".join(ceiling) or "none"
+            detail = f"{owner} does not declare it as a capacity (declared: {declared})"
+        else:
+            detail = (
+                f"{owner}'s own declared capacity is {format_bytes(limit)} "
+                f"(short by {format_bytes(need - limit)})"
+            )
+        raise AdmissionRefused(
+            f"admission refused: {asked} but {detail}",
+            constraint=constraint,
+            needed=need,
+            free=limit or 0,
+            stages=stages,
+        )
+
+
 def _explain(
     capacities: Mapping[str, int],
     demands: Mapping[str, Mapping[str, int]],
@@ -462,32 +496,15 @@ class ResourceLedger:
     # ------------------------------------------------------------------ capacities
 
     def _capacity_apply(self, parsed: Mapping[str, int]) -> tuple[dict[str, int], list[str]]:
-        """Apply declared capacities (lock held). Returns effective values and changes."""
-        for constraint, capacity in parsed.items():
-            current = self._capacity.get(constraint)
-            if current is None:
-                continue
-            charged = current - self._free[constraint]
-            if capacity < charged:
-                raise AdmissionRefused(
-                    f"admission refused: cannot lower {constraint} to {format_bytes(capacity)} "
-                    f"while {format_bytes(charged)} is charged",
-                    constraint=constraint,
-                    needed=charged,
-                    free=capacity,
-                )
+        """Add the constraints not declared yet (lock held). Returns effective values and
+        changes; a constraint already declared keeps its capacity."""
         effective: dict[str, int] = {}
         changed: list[str] = []
         for constraint, capacity in parsed.items():
-            current = self._capacity.get(constraint)
-            if current is None:
+            if constraint not in self._capacity:
                 self._capacity[constraint] = capacity
                 self._free[constraint] = capacity
                 self._quarantined_total[constraint] = 0
-                changed.append(f"{constraint} {format_bytes(capacity)}")
-            elif capacity < current:
-                self._capacity[constraint] = capacity
-                self._free[constraint] -= current - capacity
                 changed.append(f"{constraint} {format_bytes(capacity)}")
             effective[constraint] = self._capacity[constraint]
         if changed:
@@ -495,10 +512,11 @@ class ResourceLedger:
         return effective, changed
 
     def declare_capacities(self, capacities: Mapping[str, int]) -> dict[str, int]:
-        """Add constraints; an existing one keeps the smaller of its old and new capacity.
+        """Add the constraints this ledger does not have yet, with these capacities.
 
-        Returns the effective capacity of each named constraint. Lowering a capacity
-        below what is already charged is refused, and then nothing changes.
+        A constraint already declared keeps its capacity, neither lowered nor raised: the
+        capacities are the machine's, so a plan loaded later never rewrites a ceiling that
+        plans loaded earlier hold. Returns the effective capacity of each named constraint.
         """
         parsed = _parse_capacities(capacities)
         with self._lock:
@@ -508,68 +526,30 @@ class ResourceLedger:
         self._deliver()
         return effective
 
-    def replace_capacities(self, capacities: Mapping[str, int]) -> dict[str, int]:
-        """Make ``capacities`` the ledger's own, for a user of the ledger who loads one plan
-        at a time (the studio): each named constraint takes exactly its new capacity, raised
-        or lowered; a constraint no longer named is dropped when nothing is charged against
-        it, and keeps its capacity while something is (a quarantined reservation).
-
-        Lowering a capacity below what is charged is refused, and then nothing changes.
-        Returns the effective capacity of each named constraint.
-        """
-        parsed = _parse_capacities(capacities)
-        with self._lock:
-            for constraint, capacity in parsed.items():
-                current = self._capacity.get(constraint)
-                charged = 0 if current is None else current - self._free[constraint]
-                if capacity < charged:
-                    raise AdmissionRefused(
-                        f"admission refused: cannot set {constraint} to "
-                        f"{format_bytes(capacity)} while {format_bytes(charged)} is charged",
-                        constraint=constraint,
-                        needed=charged,
-                        free=capacity,
-                    )
-            changed: list[str] = []
-            for constraint in [name for name in self._capacity if name not in parsed]:
-                if self._capacity[constraint] == self._free[constraint]:
-                    del self._capacity[constraint], self._free[constraint]
-                    del self._quarantined_total[constraint]
-                    changed.append(f"{constraint} dropped")
-            for constraint, capacity in parsed.items():
-                current = self._capacity.get(constraint)
-                if current == capacity:
-                    continue
-                if current is None:
-                    self._free[constraint] = capacity
-                    self._quarantined_total[constraint] = 0
-                else:
-                    self._free[constraint] += capacity - current
-                self._capacity[constraint] = capacity
-                changed.append(f"{constraint} {format_bytes(capacity)}")
-            if changed:
-                self._version += 1
-                if self._subscribers:
-                    self._queue_locked("capacity", ", ".join(changed))
-        self._deliver()
-        return dict(parsed)
-
     # ------------------------------------------------------------------ reserve
 
     def reserve_plan(
-        self, owner: str, demands_by_stage: Mapping[str, Mapping[str, int]]
+        self,
+        owner: str,
+        demands_by_stage: Mapping[str, Mapping[str, int]],
+        *,
+        ceiling: Mapping[str, int] | None = None,
     ) -> PlanReservation:
         """Charge every stage's demands at once, or nothing.
 
-        Raises :class:`AdmissionRefused` naming the first constraint that does not fit
-        or is not declared, what the plan needs of it, what is free and which stages
-        asked; ``ValueError``/``TypeError`` for malformed demands.
+        ``ceiling`` is the plan's own declared capacities: its demands must fit them
+        whatever is free. Raises :class:`AdmissionRefused` naming the first constraint that
+        exceeds the ceiling, does not fit or is not declared, what the plan needs of it,
+        what is free, which stages asked and which plans hold the rest;
+        ``ValueError``/``TypeError`` for malformed demands.
         """
         if not isinstance(owner, str) or not owner:
             raise ValueError(f"owner: expected a non-empty string, got {owner!r}")
         demands, totals = _parse_demands(demands_by_stage)
         if not demands:
             raise ValueError("demands: a plan needs at least one stage")
+        if ceiling is not None:
+            _check_ceiling(owner, _parse_capacities(ceiling), demands, totals)
         with self._lock:
             free = self._free
             for constraint, need in totals.items():
@@ -607,13 +587,34 @@ class ResourceLedger:
         else:
             free = self._free[constraint]
             message = f"{asked} but only {format_bytes(free)} is free of {format_bytes(capacity)}"
+        holders = self._holders_locked(constraint)
+        if holders:
+            message += "; held by " + ", ".join(
+                f"{owner} ({format_bytes(amount)})" for owner, amount in holders
+            )
         return AdmissionRefused(
             f"admission refused: {message}",
             constraint=constraint,
             needed=need,
             free=free,
             stages=stages,
+            holders=holders,
         )
+
+    def _holders_locked(self, constraint: str) -> tuple[tuple[str, int], ...]:
+        """What each owner holds of ``constraint`` (lock held), largest first; what is
+        quarantined counts under ``<owner> (quarantined)``."""
+        held: dict[str, int] = {}
+        for reservation in self._reserved.values():
+            amount = reservation.amounts.get(constraint, 0)
+            if amount:
+                held[reservation.owner] = held.get(reservation.owner, 0) + amount
+        for record in self._quarantined.values():
+            amount = record.reservation.amounts.get(constraint, 0)
+            if amount:
+                name = f"{record.reservation.owner} (quarantined)"
+                held[name] = held.get(name, 0) + amount
+        return tuple(sorted(held.items(), key=lambda item: (-item[1], item[0])))
 
     def check_plan(self, demands_by_stage: Mapping[str, Mapping[str, int]]) -> BudgetExplanation:
         """Whether a plan would fit now, per constraint, without reserving anything."""

@@ -2,7 +2,9 @@
 
 A plan validates the pipeline file, verifies every graph stage's bundle, names every
 language-model stage's model and route, and explains the memory budget per constraint.
-It starts no process and reserves nothing.
+It starts no process and reserves nothing. As loading does, it refuses demands above the
+pipeline's own declared capacities or above the machine's capacity of a constraint, and
+warns where a declared capacity exceeds the memory free now.
 """
 
 from __future__ import annotations
@@ -101,7 +103,10 @@ class PipelinePlan:
                 f"({route.get('ep')}, {route.get('os_domain')}) on {stage.device or 'no device'}; "
                 f"bundle {status}"
             )
-        lines.append("memory budget (declared pre-load ceilings):")
+        lines.append(
+            "memory budget (the pipeline's declared ceilings; loading also charges the "
+            "machine's capacity, shared with every other loaded pipeline):"
+        )
         lines.extend(f"  {line}" for line in self.budget.to_text().splitlines())
         lines.extend(f"warning: {warning}" for warning in self.warnings)
         lines.extend(f"refused: {refusal}" for refusal in self.refusals)
@@ -239,12 +244,21 @@ def plan_pipeline(
         )
     budget = explain_budget(config.capacities, config.demands_by_stage())
     for constraint in budget.constraints:
+        askers = ", ".join(constraint.demands)
         if not constraint.fits:
-            askers = ", ".join(constraint.demands)
             refusals.append(
                 f"admission: {constraint.constraint} needs {format_bytes(constraint.total)} "
                 f"for {askers} but its declared capacity is {format_bytes(constraint.capacity)} "
                 f"(short by {format_bytes(-constraint.headroom)})"
+            )
+            continue
+        # Loading charges the machine's capacity, which every loaded pipeline shares.
+        info = machine.constraints.get(constraint.constraint)
+        if info is not None and info.capacity is not None and constraint.total > info.capacity:
+            refusals.append(
+                f"admission: {constraint.constraint} needs {format_bytes(constraint.total)} "
+                f"for {askers} but the machine ({machine.source}) has "
+                f"{format_bytes(info.capacity)}"
             )
     return PipelinePlan(
         config=config,

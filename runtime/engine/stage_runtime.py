@@ -50,7 +50,9 @@ from runtime.devices import (
     Topology,
     check_route_device,
     discover_topology,
+    free_shortfalls,
     load_selection,
+    observed_free,
 )
 from runtime.engine.stages import GraphStage, LlmStage, StageHandle
 from runtime.envs.manager import envs_root
@@ -63,6 +65,7 @@ from runtime.host import (
     resolve_interpreter,
     worker_argv,
 )
+from runtime.ledger import format_bytes
 from runtime.models.marker import ModelBuildError
 from runtime.models.smollm2 import ensure_smollm2_model
 from runtime.models.tiny_llm import ensure_tiny_model
@@ -280,13 +283,41 @@ class StageRuntime:
                 **self._where(stage, f"resource_budget.demands[{memory}]"),
             )
 
+    def _declare_machine(self) -> None:
+        """Give the ledger the machine's capacity of each constraint this pipeline names and
+        the ledger lacks (the pipeline's own ceiling where the machine states none), and warn
+        when the pipeline's ceiling exceeds the memory free now, as ``plan`` does."""
+        capacities = self.config.capacities
+        known = self.ledger.snapshot().constraints
+        missing = [name for name in capacities if name not in known]
+        if not missing and self.topology is None:
+            return  # nothing to declare, and no local stage needed the machine found
+        topology, _selection = self._machine()
+        machine: dict[str, int] = {}
+        for name in missing:
+            info = topology.constraints.get(name)
+            stated = None if info is None else info.capacity
+            machine[name] = capacities[name] if stated is None else stated
+        if machine:
+            self.ledger.declare_capacities(machine)
+        for shortfall in free_shortfalls(capacities, observed_free(topology)):
+            log.warning(
+                "%s declares %s as %s, more than the %s free now; loading may fail or swap",
+                self.config.pipeline,
+                shortfall.constraint,
+                format_bytes(shortfall.capacity),
+                format_bytes(shortfall.free),
+            )
+
     # -- start -----------------------------------------------------------------------
 
     async def start(self) -> list[StageHandle]:
         """Start every stage; on failure unwind and raise :class:`StageStartError`."""
         resolved = self._resolve()
-        self.ledger.declare_capacities(self.config.capacities)
-        self._plan = self.ledger.reserve_plan(self.config.pipeline, self.config.demands_by_stage())
+        self._declare_machine()
+        self._plan = self.ledger.reserve_plan(
+            self.config.pipeline, self.config.demands_by_stage(), ceiling=self.config.capacities
+        )
         try:
             for stage, found in zip(self.config.stages, resolved, strict=True):
                 handle = await self._make_stage(stage, found, self._plan.stages[stage.name])

@@ -691,7 +691,8 @@ def overcommitted_plan(run: FaultRun) -> Outcome:
         StageSpec(run.add_manifest, capacity="1GiB", demand="512MiB"),
         name="second",
     )
-    ledger = ResourceLedger(name="shared")
+    # The machine's memory, set small: each pipeline's 1 GiB ceiling is its own.
+    ledger = ResourceLedger({"machine:ram": 1 << 30}, name="shared")
     with Omni(first, ledger=ledger, **run.options) as running:
         children = child_pids()
         run.inject()

@@ -203,7 +203,8 @@ def test_refusal_names_only_the_stages_that_asked(ledger: ResourceLedger) -> Non
     assert caught.value.stages == ("y",)
     assert caught.value.free == 256 * MiB
     assert str(caught.value) == (
-        "admission refused: wsl:quota needs 512.0 MiB for y but only 256.0 MiB is free of 1.0 GiB"
+        "admission refused: wsl:quota needs 512.0 MiB for y but only 256.0 MiB is free of "
+        "1.0 GiB; held by first (768.0 MiB)"
     )
     ledger.release_plan(held)
     assert_all_free(ledger)
@@ -429,71 +430,85 @@ def test_resolve_error_paths(ledger: ResourceLedger) -> None:
 # ---------------------------------------------------------------------------- capacities
 
 
-def test_declare_capacities_adds_and_keeps_the_smaller() -> None:
+def test_declare_capacities_adds_new_constraints_and_never_rewrites_one() -> None:
     ledger = ResourceLedger({RAM: 2 * GiB})
-    assert ledger.declare_capacities({RAM: 4 * GiB, WSL: GiB}) == {RAM: 2 * GiB, WSL: GiB}
-    assert ledger.declare_capacities({RAM: GiB}) == {RAM: GiB}
-    constraints = ledger.snapshot().constraints
-    assert {name: state.capacity for name, state in constraints.items()} == {RAM: GiB, WSL: GiB}
-
-
-def test_declare_capacities_cannot_lower_below_what_is_charged() -> None:
-    ledger = ResourceLedger({RAM: 2 * GiB, WSL: 2 * GiB})
-    plan = ledger.reserve_plan("p", {"s": {RAM: GiB, WSL: GiB}})
-    ledger.quarantine(plan.stages["s"].id, "unverified")
-    before = ledger.snapshot()
-    with pytest.raises(AdmissionRefused, match=r"cannot lower wsl:quota to 512.0 MiB") as caught:
-        ledger.declare_capacities({RAM: GiB, WSL: 512 * MiB})
-    assert caught.value.constraint == WSL
-    assert caught.value.needed == GiB
-    # All or nothing: the valid RAM change was not applied either.
-    assert ledger.snapshot() == before
-    assert ledger.declare_capacities({RAM: GiB}) == {RAM: GiB}
-    assert ledger.snapshot().constraints[RAM].free == 0
-    ledger.resolve_quarantine(plan.stages["s"].id)
-    assert_all_free(ledger)
-
-
-def test_replace_capacities_raises_lowers_and_drops_what_is_free() -> None:
-    ledger = ResourceLedger(name="one-plan-at-a-time")
     events: list[LedgerEvent] = []
     ledger.subscribe(events.append)
-    assert ledger.declare_capacities({RAM: 2 * GiB, WSL: GiB}) == {RAM: 2 * GiB, WSL: GiB}
-    # Another plan's own capacities: RAM raised (declare_capacities would keep 2 GiB), WSL
-    # dropped since nothing is charged against it.
-    assert ledger.replace_capacities({RAM: 6 * GiB}) == {RAM: 6 * GiB}
-    assert {name: s.capacity for name, s in ledger.snapshot().constraints.items()} == {RAM: 6 * GiB}
-    assert events[-1].kind == "capacity"
-    assert events[-1].detail == "wsl:quota dropped, machine:ram 6.0 GiB"
-    plan = ledger.reserve_plan("chat", {"llm": {RAM: 4 * GiB}})
-    assert ledger.snapshot().constraints[RAM].free == 2 * GiB
-    ledger.release_plan(plan)
-    assert ledger.replace_capacities({RAM: GiB}) == {RAM: GiB}
-    assert ledger.snapshot().constraints[RAM].free == GiB
-    version = ledger.snapshot().version
-    ledger.replace_capacities({RAM: GiB})  # no change, no event, same version
-    assert ledger.snapshot().version == version
+    assert ledger.declare_capacities({RAM: 4 * GiB, WSL: GiB}) == {RAM: 2 * GiB, WSL: GiB}
+    assert ledger.declare_capacities({RAM: GiB, WSL: 8 * GiB}) == {RAM: 2 * GiB, WSL: GiB}
+    constraints = ledger.snapshot().constraints
+    assert {name: state.capacity for name, state in constraints.items()} == {
+        RAM: 2 * GiB,
+        WSL: GiB,
+    }
+    assert [event.detail for event in events] == ["wsl:quota 1.0 GiB"]
+
+
+def test_a_second_plans_ceiling_neither_lowers_nor_raises_the_first_ones() -> None:
+    """The machine's capacity is the ledger's; each plan's declared capacities are its own
+    ceiling: a plan declaring 2 GiB loads beside one that holds 3.9 GiB under its 6 GiB."""
+    ledger = ResourceLedger({RAM: 16 * GiB}, name="machine")
+    first = ledger.reserve_plan(
+        "chat-speak", {"llm": {RAM: 3 * GiB}, "voice": {RAM: 896 * MiB}}, ceiling={RAM: 6 * GiB}
+    )
+    second = ledger.reserve_plan("speak", {"voice": {RAM: 896 * MiB}}, ceiling={RAM: 2 * GiB})
+    third = ledger.reserve_plan("big", {"s": {RAM: 8 * GiB}}, ceiling={RAM: 12 * GiB})
+    state = ledger.snapshot().constraints[RAM]
+    assert state.capacity == 16 * GiB
+    assert state.reserved == 3 * GiB + 2 * 896 * MiB + 8 * GiB
+    # The smaller ceiling still binds its own plan, whatever the machine has free.
+    with pytest.raises(AdmissionRefused) as caught:
+        ledger.reserve_plan("speak-more", {"voice": {RAM: 3 * GiB}}, ceiling={RAM: 2 * GiB})
+    assert str(caught.value) == (
+        "admission refused: machine:ram needs 3.0 GiB for voice but speak-more's own declared "
+        "capacity is 2.0 GiB (short by 1.0 GiB)"
+    )
+    assert (caught.value.constraint, caught.value.needed, caught.value.free) == (
+        RAM,
+        3 * GiB,
+        2 * GiB,
+    )
+    with pytest.raises(
+        AdmissionRefused, match=r"does not declare it as a capacity \(declared: machine:ram\)"
+    ):
+        ledger.reserve_plan("odd", {"s": {WSL: MiB}}, ceiling={RAM: GiB})
+    assert ledger.snapshot().constraints[RAM].capacity == 16 * GiB
+    for plan in (first, second, third):
+        ledger.release_plan(plan)
     assert_all_free(ledger)
 
 
-def test_replace_capacities_keeps_what_is_charged() -> None:
-    ledger = ResourceLedger({RAM: 2 * GiB, WSL: 2 * GiB})
-    plan = ledger.reserve_plan("p", {"s": {RAM: GiB, WSL: GiB}})
-    ledger.quarantine(plan.stages["s"].id, "unverified")
+def test_a_refusal_names_the_plans_holding_the_memory_and_their_amounts() -> None:
+    ledger = ResourceLedger({RAM: 6 * GiB}, name="small")
+    chat_speak = ledger.reserve_plan(
+        "chat-speak", {"llm": {RAM: 3 * GiB}, "voice": {RAM: 896 * MiB}}, ceiling={RAM: 6 * GiB}
+    )
+    speak = ledger.reserve_plan("speak", {"voice": {RAM: 896 * MiB}})
+    lost = ledger.reserve_plan("demo_add", {"add": {RAM: 128 * MiB}})
+    ledger.quarantine(lost.stages["add"].id, "not confirmed gone")
     before = ledger.snapshot()
-    with pytest.raises(AdmissionRefused, match=r"cannot set machine:ram to 512.0 MiB") as caught:
-        ledger.replace_capacities({RAM: 512 * MiB})
-    assert (caught.value.constraint, caught.value.needed) == (RAM, GiB)
-    assert ledger.snapshot() == before
-    # WSL is not named but still charged: it stays, with its capacity; RAM counts the charge.
-    ledger.replace_capacities({RAM: 4 * GiB})
-    constraints = ledger.snapshot().constraints
-    assert {name: s.capacity for name, s in constraints.items()} == {RAM: 4 * GiB, WSL: 2 * GiB}
-    assert constraints[RAM].free == 3 * GiB
-    assert constraints[WSL].quarantined == GiB
-    ledger.resolve_quarantine(plan.stages["s"].id)
-    ledger.replace_capacities({RAM: 4 * GiB})
-    assert list(ledger.snapshot().constraints) == [RAM]
+    with pytest.raises(AdmissionRefused) as caught:
+        ledger.reserve_plan("chat", {"llm": {RAM: 3 * GiB}}, ceiling={RAM: 6 * GiB})
+    assert str(caught.value) == (
+        "admission refused: machine:ram needs 3.0 GiB for llm but only 1.1 GiB is free of "
+        "6.0 GiB; held by chat-speak (3.9 GiB), speak (896.0 MiB), "
+        "demo_add (quarantined) (128.0 MiB)"
+    )
+    assert caught.value.holders == (
+        ("chat-speak", 3 * GiB + 896 * MiB),
+        ("speak", 896 * MiB),
+        ("demo_add (quarantined)", 128 * MiB),
+    )
+    assert caught.value.stages == ("llm",)
+    assert ledger.snapshot() == before  # nothing charged
+    ledger.resolve_quarantine(lost.stages["add"].id)
+    ledger.release_plan(chat_speak)
+    ledger.release_plan(speak)
+    # An empty ledger's refusal names no holder.
+    with pytest.raises(AdmissionRefused) as empty:
+        ledger.reserve_plan("huge", {"s": {RAM: 7 * GiB}})
+    assert "held by" not in str(empty.value)
+    assert empty.value.holders == ()
     assert_all_free(ledger)
 
 
@@ -956,17 +971,10 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule(capacities=st.dictionaries(st.sampled_from(STATE_CONSTRAINTS), st.integers(0, 1000)))
     def declare(self, capacities: dict[str, int]) -> None:
-        lowered_too_far = any(
-            name in self.capacity and value < self.charged(name)
-            for name, value in capacities.items()
-        )
-        if lowered_too_far:
-            with pytest.raises(AdmissionRefused, match="cannot lower"):
-                self.ledger.declare_capacities(capacities)
-            return
+        # A declared constraint keeps its capacity; only new ones are added.
         effective = self.ledger.declare_capacities(capacities)
         for name, value in capacities.items():
-            self.capacity[name] = min(value, self.capacity.get(name, value))
+            self.capacity.setdefault(name, value)
             assert effective[name] == self.capacity[name]
 
     @rule(

@@ -271,7 +271,8 @@ def test_shared_pool_overcommit_is_refused_before_any_process_starts(
         StageSpec(manifest, capacity="1GiB", demand="512MiB"),
         name="second",
     )
-    ledger = ResourceLedger(name="shared")
+    # The machine's memory, set small: each pipeline's 1 GiB ceiling is its own.
+    ledger = ResourceLedger({"machine:ram": 1 << 30}, name="shared")
     events = EventBus()
     seen: list[Event] = []
     events.subscribe(seen.append)
@@ -285,6 +286,8 @@ def test_shared_pool_overcommit_is_refused_before_any_process_starts(
         assert refusal.free == 256 << 20
         assert refusal.stages == ("stage-0",)
         assert "machine:ram" in str(refusal)
+        assert str(refusal).endswith("; held by first (768.0 MiB)")
+        assert refusal.holders == (("first", 768 << 20),)
         assert refusal.exit_code == 3
         assert child_pids() == children
         assert not [event for event in seen if isinstance(event, StageStarting)]
