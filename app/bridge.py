@@ -362,9 +362,8 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         events = EventBus()
         unsubscribe = events.subscribe(self._on_runtime_event)
         try:
-            # One pipeline is loaded at a time: its capacities replace the previous one's, so
-            # a plan that fits on its own (the "Fits" badge) is never refused for another's.
-            self.ledger.replace_capacities(config.capacities)
+            # The ledger's capacities are the machine's (declared by the first load); the
+            # pipeline's own capacities are its ceiling, checked against its demands.
             orchestrator = Orchestrator(
                 config,
                 ledger=self.ledger,
