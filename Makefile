@@ -82,6 +82,9 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+# Silero VAD's model ships in its wheel, which declares torch (its own helpers need it; the
+# model runs in ONNX Runtime without it): installed without dependencies, so not in pyproject.
+	$(PY) -m pip install --quiet --no-deps -c constraints.txt silero-vad
 	touch $(STAMP)
 
 $(BUNDLES_STAMP): $(STAMP) assets/build_demos.py
