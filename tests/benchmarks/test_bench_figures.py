@@ -207,6 +207,7 @@ def test_the_suite_declares_every_figure_of_the_issue() -> None:
     for key in (
         "graph.tiny_add",
         "graph.matmul_1ms",
+        "graph.matmul_vs_floor",
         "handoff.8mib",
         "startup.two_stage",
         "ledger.ops",

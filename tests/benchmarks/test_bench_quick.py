@@ -23,6 +23,7 @@ QUICK_LIMIT_S = 180.0
 SELF_CONTAINED = (
     "graph.tiny_add",
     "graph.matmul_1ms",
+    "graph.matmul_vs_floor",
     "handoff.8mib",
     "startup.two_stage",
     "ledger.ops",
@@ -112,3 +113,7 @@ def test_bench_quick_measures_every_figure_it_can(tmp_path: Path) -> None:
         assert details["floor_ratio"] > 1.0
         assert details["floor_without_copies_p50_ms"] > 0
         assert details["floor_in_process_p50_ms"] > 0
+    # The MatMul's goal is set against that floor, with its copies, of the same run.
+    against = results.figure("graph.matmul_vs_floor")
+    assert against.baseline == results.figure("graph.matmul_1ms").details["floor_p50_ms"]
+    assert against.measurement == results.figure("graph.matmul_1ms").details["pipeline_p50_ms"]
