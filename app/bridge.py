@@ -65,7 +65,7 @@ from runtime.devices import (
 )
 from runtime.engine.orchestrator import Orchestrator
 from runtime.engine.outputs import END, OmniRequestOutput
-from runtime.errors import ModelError, OmniError, RequestCancelled, UsageError
+from runtime.errors import AdmissionRefused, ModelError, OmniError, RequestCancelled, UsageError
 from runtime.events import (
     Event,
     EventBus,
@@ -112,11 +112,14 @@ class _Session:
 
 
 class RuntimeBridge(DeviceSelectionMixin, QObject):
-    """The studio's runtime: one ledger, one loaded pipeline at a time, signals out.
+    """The studio's runtime: one ledger (the machine's memory), one open pipeline, signals out.
 
     Run loads the pipeline's stages when they are not loaded; a completed run keeps them
-    loaded (warm) until Unload, another pipeline, a device-selection change or closing;
-    a cancelled run unloads them, so Cancel always leaves nothing held in the ledger.
+    loaded (warm) until Unload, a device-selection change or closing. Opening another
+    pipeline keeps a loaded one warm beside it, so pipelines opened in turn load together as
+    far as the machine's memory allows: reopened, it runs at once, and a load that does not
+    fit unloads the warm ones, oldest first, before it is refused. A cancelled run unloads
+    them all, so Cancel always leaves nothing held in the ledger.
     """
 
     state_changed = Signal(object)  # RunState
@@ -166,9 +169,12 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
             line=self._post_studio_line,
             machine=lambda: (self._ctl_topology, self._ctl_selection),
             unavailable=serve_unavailable_reason(),
+            ledger=self.ledger,
         )
         # Control-thread state.
         self._session: _Session | None = None
+        #: Loaded pipelines other than the open one, by source file, oldest first.
+        self._warm: dict[Path | None, _Session] = {}
         self._ctl_topology: Topology | None = None
         self._ctl_selection = self._selection
 
@@ -213,7 +219,7 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
             return False
         self._set_state(RunState.OPENING)
         if self._loaded:
-            self._submit(self._unload_job)
+            self._submit(self._keep_warm_job)
             self._loaded = False
         self._submit(partial(self._open_job, Path(path).expanduser().absolute()))
         return True
@@ -319,6 +325,8 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
     def _unload_if_idle(self) -> None:
         if self._state is RunState.LOADED:
             self._unload_then_ready()
+        else:
+            self._submit(self._unload_warm_job)
 
     def _unload_then_ready(self) -> None:
         self._loaded = False
@@ -347,6 +355,14 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         except (OmniError, OSError, ValueError) as exc:
             self._post(partial(self._open_failed, exc))
             return
+        warm = self._warm.pop(opened.config.source, None)
+        if warm is not None and warm.orchestrator.config == opened.config and warm.usable():
+            self._session = warm
+            plan = warm.orchestrator.execution_plan
+            self._post(partial(self._opened, opened, plan))
+            return
+        if warm is not None:  # the file changed, or a worker of it was retired
+            warm.close()
         self._post(partial(self._opened, opened))
 
     def _plan_job(self, path: Path) -> None:
@@ -361,21 +377,37 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
     def _load_job(self, config: PipelineConfig, request_input: object) -> None:
         events = EventBus()
         unsubscribe = events.subscribe(self._on_runtime_event)
-        try:
-            # The ledger's capacities are the machine's (declared by the first load); the
-            # pipeline's own capacities are its ceiling, checked against its demands.
-            orchestrator = Orchestrator(
-                config,
-                ledger=self.ledger,
-                events=events,
-                topology=self._ctl_topology,
-                selection=self._ctl_selection,
-            )
-            orchestrator.start()
-        except OmniError as exc:
-            unsubscribe()
-            self._post(partial(self._load_failed, exc))
-            return
+        while True:
+            try:
+                # The ledger's capacities are the machine's (declared by the first load); the
+                # pipeline's own capacities are its ceiling, checked against its demands.
+                orchestrator = Orchestrator(
+                    config,
+                    ledger=self.ledger,
+                    events=events,
+                    topology=self._ctl_topology,
+                    selection=self._ctl_selection,
+                )
+                orchestrator.start()
+            except AdmissionRefused as exc:
+                if exc.holders and self._warm:
+                    # Pipelines kept warm hold the memory: the oldest makes room.
+                    source, warm = next(iter(self._warm.items()))
+                    del self._warm[source]
+                    self._post_studio_line(
+                        f"unloading {warm.orchestrator.config.pipeline} to make room for "
+                        f"{config.pipeline} ({exc})"
+                    )
+                    warm.close()
+                    continue
+                unsubscribe()
+                self._post(partial(self._load_failed, exc))
+                return
+            except OmniError as exc:
+                unsubscribe()
+                self._post(partial(self._load_failed, exc))
+                return
+            break
         self._session = _Session(orchestrator, unsubscribe)
         self._post(partial(self._after_load, request_input))
 
@@ -407,20 +439,42 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         self._post(partial(self._settled, keep, cancelled))
 
     def _unload_job(self) -> None:
+        """Unload the open pipeline and every one kept warm."""
         session, self._session = self._session, None
         if session is not None:
             session.close()
+        self._unload_warm_job()
+
+    def _unload_warm_job(self) -> None:
+        warm, self._warm = list(self._warm.values()), {}
+        for session in warm:
+            session.close()
+
+    def _keep_warm_job(self) -> None:
+        """Another pipeline is being opened: keep the loaded one warm, while it is usable."""
+        session, self._session = self._session, None
+        if session is None:
+            return
+        if not session.usable():
+            session.close()
+            return
+        self._warm[session.orchestrator.config.source] = session
+        self._post(partial(self.execution_changed.emit, None))
 
     # -- GUI-thread continuations ------------------------------------------------------
 
-    def _opened(self, opened: OpenedPipeline) -> None:
+    def _opened(self, opened: OpenedPipeline, warm: dict[str, Any] | None = None) -> None:
+        """``warm``: the execution plan of its stages, still loaded from earlier."""
         if self._state is not RunState.OPENING:
-            return
+            return  # closing: the unload that follows takes the warm stages too
         self._info = opened.info
         self._config = opened.config
-        self._set_state(RunState.READY)
-        self._studio_line(f"opened {opened.info.path}")
+        self._loaded = warm is not None
+        self._set_state(RunState.LOADED if self._loaded else RunState.READY)
+        self._studio_line(f"opened {opened.info.path}" + (" (loaded)" if self._loaded else ""))
         self.pipeline_opened.emit(opened.info)
+        if warm is not None:
+            self.execution_changed.emit(execution_view(warm))
 
     def _open_failed(self, error: BaseException) -> None:
         if self._state is not RunState.OPENING:

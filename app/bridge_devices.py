@@ -20,7 +20,7 @@ from runtime.devices import (
     save_selection,
     selection_path,
 )
-from runtime.errors import OmniError, UsageError
+from runtime.errors import AdmissionRefused, OmniError, UsageError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from app.models import LedgerView, RunState
     from runtime.devices import Topology
+    from runtime.ledger import ResourceLedger
 
 
 class DeviceSelectionMixin:
@@ -38,6 +39,7 @@ class DeviceSelectionMixin:
         _topology: Topology | None
         _selection: DeviceSelection
         _selection_override: DeviceSelection | None
+        ledger: ResourceLedger
         _ctl_topology: Topology | None
         _ctl_selection: DeviceSelection
         _state: RunState
@@ -111,6 +113,17 @@ class DeviceSelectionMixin:
             selection = DeviceSelection()
         self._ctl_topology = topology
         self._ctl_selection = selection
+        try:
+            # The ledger holds this machine's memory (nothing is loaded when it changes).
+            self.ledger.replace_capacities(
+                {
+                    name: info.capacity
+                    for name, info in topology.constraints.items()
+                    if info.capacity
+                }
+            )
+        except AdmissionRefused as exc:  # what stays quarantined exceeds the new machine
+            self._post(partial(self.error.emit, error_info(exc)))
         self._post(partial(self._topology_ready, topology, selection))
 
     def _selection_job(self, selection: DeviceSelection) -> None:

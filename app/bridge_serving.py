@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from runtime.config import PipelineConfig
     from runtime.devices import DeviceSelection, Topology
+    from runtime.ledger import ResourceLedger
     from runtime.serve import OmniServer, ServedRequest
 
 #: Requests the Serve panel lists.
@@ -55,7 +56,10 @@ class ServeSwitch:
         line: Callable[[str], None],
         machine: Callable[[], tuple[Topology | None, DeviceSelection]],
         unavailable: str | None,
+        ledger: ResourceLedger | None = None,
     ) -> None:
+        #: The studio's ledger: what the server loads counts against the same memory.
+        self.ledger = ledger
         self._submit = submit
         self._post = post
         self._emit = emit
@@ -108,6 +112,7 @@ class ServeSwitch:
             topology=topology,
             selection=selection,
             progress=lambda text: self._line(f"serve: {text}"),
+            ledger=self.ledger,
         )
         try:
             server.start()

@@ -196,27 +196,30 @@ def plan_view(plan: PipelinePlan, charged: LedgerSnapshot | None = None) -> Plan
 
 def with_quarantine(view: PlanView, snapshot: LedgerSnapshot) -> PlanView:
     """What is quarantined in the studio's ledger (a retired worker not confirmed gone) stays
-    charged whatever pipeline loads next: it counts as in use, and a constraint it leaves too
-    small refuses the plan, as loading it would. Other pipelines' capacities and finished
-    reservations do not count: each loaded pipeline's capacities are its own."""
-    held = {name: state.quarantined for name, state in snapshot.constraints.items()}
+    charged against the machine's memory whatever pipeline loads next: it counts as in use,
+    and a constraint it leaves too small refuses the plan, as loading it would. Reservations
+    do not count (the studio unloads what it keeps warm to make room)."""
     rows: list[BudgetRow] = []
     refusals = list(view.refusals)
     for row in view.budget:
-        quarantined = held.get(row.constraint, 0)
-        headroom = row.headroom - quarantined
+        state = snapshot.constraints.get(row.constraint)
+        if state is None or not state.quarantined:
+            rows.append(row)
+            continue
+        quarantined = state.quarantined
+        machine_headroom = state.capacity - quarantined - row.total
         rows.append(
             replace(
                 row,
                 in_use=row.in_use + quarantined,
-                headroom=headroom,
-                fits=row.fits and headroom >= 0,
+                headroom=min(row.headroom, machine_headroom),
+                fits=row.fits and machine_headroom >= 0,
             )
         )
-        if row.fits and headroom < 0:
+        if row.fits and machine_headroom < 0:
             refusals.append(
-                f"{row.constraint}: {format_bytes(quarantined)} of its "
-                f"{format_bytes(row.capacity)} is quarantined (a worker not confirmed gone), "
+                f"{row.constraint}: {format_bytes(quarantined)} of the machine's "
+                f"{format_bytes(state.capacity)} is quarantined (a worker not confirmed gone), "
                 f"so the plan's {format_bytes(row.total)} does not fit until it is freed"
             )
     admitted = view.admitted and len(refusals) == len(view.refusals)

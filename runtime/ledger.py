@@ -526,6 +526,53 @@ class ResourceLedger:
         self._deliver()
         return effective
 
+    def replace_capacities(self, capacities: Mapping[str, int]) -> dict[str, int]:
+        """Make ``capacities`` the ledger's own when the machine itself changes (the studio
+        switching to another topology): each named constraint takes exactly its new
+        capacity, raised or lowered; a constraint no longer named is dropped when nothing is
+        charged against it, and keeps its capacity while something is.
+
+        Lowering a capacity below what is charged is refused, and then nothing changes.
+        Returns the effective capacity of each named constraint.
+        """
+        parsed = _parse_capacities(capacities)
+        with self._lock:
+            for constraint, capacity in parsed.items():
+                current = self._capacity.get(constraint)
+                charged = 0 if current is None else current - self._free[constraint]
+                if capacity < charged:
+                    raise AdmissionRefused(
+                        f"admission refused: cannot set {constraint} to "
+                        f"{format_bytes(capacity)} while {format_bytes(charged)} is charged",
+                        constraint=constraint,
+                        needed=charged,
+                        free=capacity,
+                        holders=self._holders_locked(constraint),
+                    )
+            changed: list[str] = []
+            for constraint in [name for name in self._capacity if name not in parsed]:
+                if self._capacity[constraint] == self._free[constraint]:
+                    del self._capacity[constraint], self._free[constraint]
+                    del self._quarantined_total[constraint]
+                    changed.append(f"{constraint} dropped")
+            for constraint, capacity in parsed.items():
+                current = self._capacity.get(constraint)
+                if current == capacity:
+                    continue
+                if current is None:
+                    self._free[constraint] = capacity
+                    self._quarantined_total[constraint] = 0
+                else:
+                    self._free[constraint] += capacity - current
+                self._capacity[constraint] = capacity
+                changed.append(f"{constraint} {format_bytes(capacity)}")
+            if changed:
+                self._version += 1
+                if self._subscribers:
+                    self._queue_locked("capacity", ", ".join(changed))
+        self._deliver()
+        return dict(parsed)
+
     # ------------------------------------------------------------------ reserve
 
     def reserve_plan(

@@ -92,6 +92,11 @@ def next_generation() -> int:
     return next(_generations)
 
 
+def _machine_capacities(topology: Topology) -> dict[str, int]:
+    """The memory constraints a machine states a capacity for: what its ledger holds."""
+    return {name: info.capacity for name, info in topology.constraints.items() if info.capacity}
+
+
 class StageStartError(OmniError):
     """A stage failed to start; everything was unwound. Keeps the cause's exit code."""
 
@@ -293,11 +298,8 @@ class StageRuntime:
         if not missing and self.topology is None:
             return  # nothing to declare, and no local stage needed the machine found
         topology, _selection = self._machine()
-        machine: dict[str, int] = {}
-        for name in missing:
-            info = topology.constraints.get(name)
-            stated = None if info is None else info.capacity
-            machine[name] = capacities[name] if stated is None else stated
+        stated = _machine_capacities(topology)
+        machine = {name: stated.get(name, capacities[name]) for name in missing}
         if machine:
             self.ledger.declare_capacities(machine)
         for shortfall in free_shortfalls(capacities, observed_free(topology)):

@@ -329,8 +329,10 @@ class ServedPipeline:
 
 
 class PipelineRegistry:
-    """The served pipelines, by name, sharing one ledger; loads them in order and closes
-    every one (also those loaded before a failure)."""
+    """The served pipelines, by name, sharing one ledger (the machine's memory, or the
+    caller's ``ledger``: the studio's own); loads them in order and closes every one (also
+    those loaded before a failure). A pipeline that does not fit beside those loaded before
+    it is refused by the ledger, naming them and what they hold."""
 
     def __init__(
         self,
@@ -339,8 +341,9 @@ class PipelineRegistry:
         topology: Topology | None = None,
         selection: DeviceSelection | None = None,
         progress: Callable[[str], None] | None = None,
+        ledger: ResourceLedger | None = None,
     ) -> None:
-        self.ledger = ResourceLedger(name="serve")
+        self.ledger = ledger if ledger is not None else ResourceLedger(name="serve")
         self._background = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="omni-serve")
         self.pipelines: dict[str, ServedPipeline] = {}
         configs = [

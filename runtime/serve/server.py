@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
     from runtime.config import PipelineConfig
     from runtime.devices import DeviceSelection, Topology
+    from runtime.ledger import ResourceLedger
 
 log = logging.getLogger("omni.serve")
 
@@ -129,8 +130,11 @@ class OmniServer:
         topology: Topology | None = None,
         selection: DeviceSelection | None = None,
         progress: Callable[[str], None] | None = None,
+        ledger: ResourceLedger | None = None,
     ) -> None:
         self.options = options or ServeOptions()
+        #: The ledger the pipelines reserve in (None: one of the server's own).
+        self.ledger = ledger
         self._pipelines = list(pipelines)
         self._topology = topology
         self._selection = selection
@@ -159,6 +163,7 @@ class OmniServer:
             topology=self._topology,
             selection=self._selection,
             progress=self._progress,
+            ledger=self.ledger,
         )
         try:
             self._socket = _bind(self.options)

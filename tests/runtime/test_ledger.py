@@ -512,6 +512,49 @@ def test_a_refusal_names_the_plans_holding_the_memory_and_their_amounts() -> Non
     assert_all_free(ledger)
 
 
+def test_replace_capacities_raises_lowers_and_drops_what_is_free() -> None:
+    ledger = ResourceLedger(name="machine-changes")
+    events: list[LedgerEvent] = []
+    ledger.subscribe(events.append)
+    assert ledger.declare_capacities({RAM: 2 * GiB, WSL: GiB}) == {RAM: 2 * GiB, WSL: GiB}
+    # Another machine (the studio's topology source): RAM raised (declare_capacities would keep
+    # 2 GiB), WSL dropped since nothing is charged against it.
+    assert ledger.replace_capacities({RAM: 6 * GiB}) == {RAM: 6 * GiB}
+    assert {name: s.capacity for name, s in ledger.snapshot().constraints.items()} == {RAM: 6 * GiB}
+    assert events[-1].kind == "capacity"
+    assert events[-1].detail == "wsl:quota dropped, machine:ram 6.0 GiB"
+    plan = ledger.reserve_plan("chat", {"llm": {RAM: 4 * GiB}})
+    assert ledger.snapshot().constraints[RAM].free == 2 * GiB
+    ledger.release_plan(plan)
+    assert ledger.replace_capacities({RAM: GiB}) == {RAM: GiB}
+    assert ledger.snapshot().constraints[RAM].free == GiB
+    version = ledger.snapshot().version
+    ledger.replace_capacities({RAM: GiB})  # no change, no event, same version
+    assert ledger.snapshot().version == version
+    assert_all_free(ledger)
+
+
+def test_replace_capacities_keeps_what_is_charged() -> None:
+    ledger = ResourceLedger({RAM: 2 * GiB, WSL: 2 * GiB})
+    plan = ledger.reserve_plan("p", {"s": {RAM: GiB, WSL: GiB}})
+    ledger.quarantine(plan.stages["s"].id, "unverified")
+    before = ledger.snapshot()
+    with pytest.raises(AdmissionRefused, match=r"cannot set machine:ram to 512.0 MiB") as caught:
+        ledger.replace_capacities({RAM: 512 * MiB})
+    assert (caught.value.constraint, caught.value.needed) == (RAM, GiB)
+    assert ledger.snapshot() == before
+    # WSL is not named but still charged: it stays, with its capacity; RAM counts the charge.
+    ledger.replace_capacities({RAM: 4 * GiB})
+    constraints = ledger.snapshot().constraints
+    assert {name: s.capacity for name, s in constraints.items()} == {RAM: 4 * GiB, WSL: 2 * GiB}
+    assert constraints[RAM].free == 3 * GiB
+    assert constraints[WSL].quarantined == GiB
+    ledger.resolve_quarantine(plan.stages["s"].id)
+    ledger.replace_capacities({RAM: 4 * GiB})
+    assert list(ledger.snapshot().constraints) == [RAM]
+    assert_all_free(ledger)
+
+
 @pytest.mark.parametrize(
     ("capacities", "error", "match"),
     [
