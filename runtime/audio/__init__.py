@@ -1,18 +1,23 @@
-"""Streaming audio output: a PortAudio player with a jitter buffer, resampling, and WAV files.
+"""Streaming audio: a PortAudio player with a jitter buffer, an input delivering 16 kHz mono
+chunks, resampling, and WAV files.
 
 Nothing here imports ``sounddevice`` (and so starts PortAudio) until a device is listed
-or a player starts.
+or a stream starts.
 """
 
 from runtime.audio.devices import (
     AudioDeviceError,
+    InputDevice,
     OutputDevice,
     UnknownAudioDevice,
+    list_input_devices,
     list_output_devices,
     open_stream_count,
     rescan_output_devices,
+    resolve_input_device,
     resolve_output_device,
 )
+from runtime.audio.input import AudioInput, AudioLevel, AudioSource, CaptureMetrics, level_dbfs
 from runtime.audio.player import AudioPlayer, PlaybackBufferFull, PlaybackMetrics, PlayerState
 from runtime.audio.resample import StreamResampler
 from runtime.audio.ring import SampleRing
@@ -20,7 +25,12 @@ from runtime.audio.wav import WavWriteError, WavWriter, write_wav
 
 __all__ = [
     "AudioDeviceError",
+    "AudioInput",
+    "AudioLevel",
     "AudioPlayer",
+    "AudioSource",
+    "CaptureMetrics",
+    "InputDevice",
     "OutputDevice",
     "PlaybackBufferFull",
     "PlaybackMetrics",
@@ -30,9 +40,12 @@ __all__ = [
     "UnknownAudioDevice",
     "WavWriteError",
     "WavWriter",
+    "level_dbfs",
+    "list_input_devices",
     "list_output_devices",
     "open_stream_count",
     "rescan_output_devices",
+    "resolve_input_device",
     "resolve_output_device",
     "write_wav",
 ]

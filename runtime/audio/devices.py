@@ -21,11 +21,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AudioDeviceError",
+    "InputDevice",
     "OutputDevice",
     "UnknownAudioDevice",
+    "list_input_devices",
     "list_output_devices",
     "open_stream_count",
     "rescan_output_devices",
+    "resolve_input_device",
     "resolve_output_device",
     "sounddevice_module",
 ]
@@ -63,6 +66,28 @@ class OutputDevice:
         default = ", default" if self.is_default else ""
         return (
             f"{self.index}: {self.name} ({self.host_api}, {self.max_output_channels} ch, "
+            f"{self.default_sample_rate} Hz{default})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class InputDevice:
+    """One PortAudio device that can record sound (a microphone, a line in, a JACK capture)."""
+
+    index: int
+    name: str
+    host_api: str
+    max_input_channels: int
+    default_sample_rate: int
+    default_low_latency_s: float
+    default_high_latency_s: float
+    is_default: bool
+
+    def describe(self) -> str:
+        """One line for listings and error messages."""
+        default = ", default" if self.is_default else ""
+        return (
+            f"{self.index}: {self.name} ({self.host_api}, {self.max_input_channels} ch in, "
             f"{self.default_sample_rate} Hz{default})"
         )
 
@@ -227,4 +252,80 @@ def resolve_output_device(spec: str | int | None = None) -> OutputDevice:
     raise UnknownAudioDevice(
         f"audio device {spec!r} is ambiguous, it matches: {names}; give an index or a longer "
         "part of the name"
+    )
+
+
+def _default_input_index(sd: Any) -> int:
+    try:
+        info = sd.query_devices(kind="input")
+    except sd.PortAudioError:
+        return -1
+    return int(info["index"])
+
+
+def list_input_devices() -> list[InputDevice]:
+    """Every device with at least one input channel, in PortAudio's order."""
+    sd = sounddevice_module()
+    host_apis = sd.query_hostapis()
+    default_index = _default_input_index(sd)
+    devices = []
+    for info in sd.query_devices():
+        channels = int(info["max_input_channels"])
+        if channels < 1:
+            continue
+        index = int(info["index"])
+        devices.append(
+            InputDevice(
+                index=index,
+                name=str(info["name"]),
+                host_api=str(host_apis[int(info["hostapi"])]["name"]),
+                max_input_channels=channels,
+                default_sample_rate=round(float(info["default_samplerate"])),
+                default_low_latency_s=float(info["default_low_input_latency"]),
+                default_high_latency_s=float(info["default_high_input_latency"]),
+                is_default=index == default_index,
+            )
+        )
+    return devices
+
+
+def resolve_input_device(spec: str | int | None = None) -> InputDevice:
+    """Find the input device named by ``spec``, as :func:`resolve_output_device` does for
+    outputs: None (or "") is the default input, an int or digits an index, any other string
+    an exact name (case-insensitive), then a unique part of one."""
+    devices = list_input_devices()
+    if not devices:
+        raise AudioDeviceError(
+            "no audio input device was found; connect a microphone, or start a sound server "
+            "(JACK, PipeWire, PulseAudio) that offers one"
+        )
+    available = "; ".join(device.describe() for device in devices)
+    if spec is None or (isinstance(spec, str) and not spec.strip()):
+        for device in devices:
+            if device.is_default:
+                return device
+        raise AudioDeviceError(
+            f"there is no default audio input device; choose one of: {available}"
+        )
+    index = _parse_index(spec)
+    if index is not None:
+        for device in devices:
+            if device.index == index:
+                return device
+        raise UnknownAudioDevice(
+            f"audio input device index {index} does not exist; available inputs: {available}"
+        )
+    wanted = str(spec).strip().casefold()
+    exact = [device for device in devices if device.name.casefold() == wanted]
+    matches = exact or [device for device in devices if wanted in device.name.casefold()]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise UnknownAudioDevice(
+            f"no audio input device matches {spec!r}; available inputs: {available}"
+        )
+    names = "; ".join(device.describe() for device in matches)
+    raise UnknownAudioDevice(
+        f"audio input device {spec!r} is ambiguous, it matches: {names}; give an index or a "
+        "longer part of the name"
     )
