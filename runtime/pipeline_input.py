@@ -1,5 +1,5 @@
-"""What a pipeline's requests are, known from its file before anything starts: text or a
-mapping of tensors (:func:`input_kind`), and the example request its adapter offers."""
+"""What a pipeline's requests are, known from its file before anything starts: text, a
+mapping of tensors or audio (:func:`input_kind`), and the example request its adapter offers."""
 
 from __future__ import annotations
 
@@ -10,16 +10,19 @@ from runtime.config import LlmBackendConfig, resolve_callable
 if TYPE_CHECKING:
     from runtime.config import PipelineConfig
 
-#: What a pipeline's requests are (``input_kind``): text, or a mapping of tensors.
+#: What a pipeline's requests are (``input_kind``): text, a mapping of tensors, or audio
+#: (``{"audio": samples, "sample_rate": Hz}``).
 TEXT_INPUT: Final = "text"
 TENSOR_INPUT: Final = "tensors"
+AUDIO_INPUT: Final = "audio"
 
 
 def input_kind(config: PipelineConfig) -> str:
-    """What the pipeline's requests are, known before anything starts: ``text`` or ``tensors``.
+    """What the pipeline's requests are, known before anything starts: ``text``, ``tensors``
+    or ``audio``.
 
     A graph chain takes tensors and a lone language model text; an adapter takes text unless
-    its class says ``input_kind = "tensors"``.
+    its class says ``input_kind = "tensors"`` or ``"audio"``.
     """
     if config.adapter is None:
         first = config.stages[0].backend
@@ -31,7 +34,7 @@ def input_kind(config: PipelineConfig) -> str:
         key="adapter.name",
     )
     declared = getattr(factory, "input_kind", TEXT_INPUT)
-    return TENSOR_INPUT if declared == TENSOR_INPUT else TEXT_INPUT
+    return declared if declared in (TENSOR_INPUT, AUDIO_INPUT) else TEXT_INPUT
 
 
 def example_text(config: PipelineConfig) -> str | None:

