@@ -82,9 +82,17 @@ def cmd_devices(args: argparse.Namespace) -> int:
             "allowed": None if selection.allowed is None else sorted(selection.allowed),
             "file": str(selection_path()),
         }
+        if args.audio:
+            from .audio.devices import audio_devices_json
+
+            document["audio"] = audio_devices_json()
         _print_json(document)
         return EXIT_OK
     print(topology.to_table())
+    if args.audio:
+        from .audio.devices import audio_devices_text
+
+        print(audio_devices_text())
     if selection.allowed is None:
         print("device selection: all devices allowed")
     else:
@@ -702,6 +710,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--exclude", action="append", default=[], metavar="ID", help="exclude a device (saved)"
     )
     devices.add_argument("--allow-all", action="store_true", help="allow every device (saved)")
+    devices.add_argument(
+        "--audio", action="store_true", help="also list audio inputs and outputs (PortAudio)"
+    )
     devices.set_defaults(handler=cmd_devices)
 
     bundle = commands.add_parser("bundle", help="create artifact bundles; export voices")

@@ -24,6 +24,8 @@ __all__ = [
     "InputDevice",
     "OutputDevice",
     "UnknownAudioDevice",
+    "audio_devices_json",
+    "audio_devices_text",
     "list_input_devices",
     "list_output_devices",
     "open_stream_count",
@@ -329,3 +331,22 @@ def resolve_input_device(spec: str | int | None = None) -> InputDevice:
         f"audio input device {spec!r} is ambiguous, it matches: {names}; give an index or a "
         "longer part of the name"
     )
+
+
+def audio_devices_json() -> dict[str, list[dict[str, Any]]]:
+    """Every input and output device, as ``omni-edge devices --audio --json`` prints them."""
+    from dataclasses import asdict
+
+    return {
+        "inputs": [asdict(device) for device in list_input_devices()],
+        "outputs": [asdict(device) for device in list_output_devices()],
+    }
+
+
+def audio_devices_text() -> str:
+    """Every input and output device, one line each, as ``omni-edge devices --audio`` prints."""
+    lines = ["audio inputs:"]
+    lines += [f"  {device.describe()}" for device in list_input_devices()] or ["  none"]
+    lines.append("audio outputs:")
+    lines += [f"  {device.describe()}" for device in list_output_devices()] or ["  none"]
+    return "\n".join(lines)

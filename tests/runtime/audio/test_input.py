@@ -171,3 +171,27 @@ def test_level_dbfs() -> None:
     assert level_dbfs(0.5) == pytest.approx(-6.0206)
     assert level_dbfs(0.0) == SILENCE_DBFS
     assert level_dbfs(1e-9) == SILENCE_DBFS
+
+
+def test_the_devices_command_lists_audio_inputs_and_outputs(
+    alsa_null: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from runtime.cli import main
+
+    assert main(["devices", "--audio"]) == 0
+    text = capsys.readouterr().out
+    inputs, outputs = text.split("audio inputs:\n")[1].split("audio outputs:\n")
+    for device in list_input_devices():
+        assert f"  {device.describe()}" in inputs
+    assert "ch in" in inputs
+    assert "omni_speaker_left" in outputs
+    assert main(["devices", "--audio", "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    names = {device["name"] for device in document["audio"]["inputs"]}
+    assert {"default", "omni_speaker_left"} <= names
+    assert all(device["max_input_channels"] >= 1 for device in document["audio"]["inputs"])
+    assert any(device["is_default"] for device in document["audio"]["outputs"])
+    assert main(["devices", "--json"]) == 0
+    assert "audio" not in json.loads(capsys.readouterr().out), "listed only when asked for"
