@@ -25,6 +25,7 @@ run one at a time in submission order.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -39,6 +40,7 @@ from app.control import ControlThread, LogForwarder
 from app.models import (
     ErrorInfo,
     LedgerView,
+    LoadView,
     LogLine,
     PipelineInfo,
     ReceivedAudio,
@@ -57,22 +59,30 @@ from app.presenters import (
     event_line,
     execution_view,
     ledger_view,
+    load_view,
     plan_view,
     queue_audio,
 )
 from runtime.devices import (
     DeviceSelection,
 )
-from runtime.engine.orchestrator import Orchestrator
+from runtime.engine.orchestrator import LoadCancelled, Orchestrator
 from runtime.engine.outputs import END, OmniRequestOutput
 from runtime.errors import AdmissionRefused, ModelError, OmniError, RequestCancelled, UsageError
 from runtime.events import (
     Event,
     EventBus,
+    LoadProgress,
     PipelineClosed,
+    PipelineLoadFailed,
+    PipelineLoading,
     PipelineReady,
     RequestAdmitted,
     StageCallFinished,
+    StageFailed,
+    StageReady,
+    StageStarting,
+    StageWorkerUp,
 )
 from runtime.ledger import LedgerEvent, ResourceLedger
 from runtime.pipeline_files import export_missing_voices, is_manifest_path
@@ -88,6 +98,48 @@ if TYPE_CHECKING:
 
 #: Loggers whose records the Log panel shows (runtime, workers' stderr, the ledger).
 FORWARDED_LOGGERS = ("omni", "runtime")
+#: The runtime events a load's progress is made of.
+LOADING_EVENTS = (
+    PipelineLoading,
+    StageStarting,
+    StageWorkerUp,
+    StageReady,
+    StageFailed,
+    PipelineReady,
+    PipelineLoadFailed,
+)
+
+
+class _PendingLoad:
+    """One load of a pipeline's stages: the control thread starts it, the GUI thread may
+    cancel it at any moment without waiting (``Orchestrator.cancel_start``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._orchestrator: Orchestrator | None = None
+        self.cancelled = False
+        #: What the GUI thread has seen of it (GUI thread only).
+        self.progress = LoadProgress()
+
+    def attach(self, orchestrator: Orchestrator) -> bool:
+        """The orchestrator about to start (control thread); False once cancelled."""
+        with self._lock:
+            if self.cancelled:
+                return False
+            self._orchestrator = orchestrator
+            return True
+
+    def detach(self) -> None:
+        with self._lock:
+            self._orchestrator = None
+
+    def cancel(self) -> None:
+        """Stop the load (any thread, never waits); the control thread unwinds it."""
+        with self._lock:
+            self.cancelled = True
+            orchestrator = self._orchestrator
+        if orchestrator is not None:
+            orchestrator.cancel_start()
 
 
 @dataclass
@@ -114,7 +166,10 @@ class _Session:
 class RuntimeBridge(DeviceSelectionMixin, QObject):
     """The studio's runtime: one ledger (the machine's memory), one open pipeline, signals out.
 
-    Run loads the pipeline's stages when they are not loaded; a completed run keeps them
+    :meth:`load` starts loading the open pipeline's stages in the background (the window
+    calls it when a pipeline is opened); Run waits for that load, or starts one when none is
+    under way. Opening another pipeline, a device-selection change or closing cancels a load
+    under way and unloads what it started. A completed run keeps them
     loaded (warm) until Unload, a device-selection change or closing. Opening another
     pipeline keeps a loaded one warm beside it, so pipelines opened in turn load together as
     far as the machine's memory allows: reopened, it runs at once, and a load that does not
@@ -128,6 +183,7 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
     pipeline_opened = Signal(object)  # PipelineInfo
     plan_changed = Signal(object)  # PlanView (device selection or machine changed)
     execution_changed = Signal(object)  # ExecutionView, or None when unloaded
+    load_progress = Signal(object)  # LoadView of the load under way or the last, or None
     run_started = Signal(str)  # request id
     audio_chunk = Signal(object)  # ReceivedAudio
     text_chunk = Signal(object)  # TextChunk
@@ -161,6 +217,10 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         self._request: Request | None = None
         self._metrics = RunMetrics()
         self._cancel_after_load = self._keep_after_cancel = False
+        #: The load under way (GUI thread), and the request waiting for it.
+        self._pending_load: _PendingLoad | None = None
+        self._waiting_input: object = None
+        self._load_view: LoadView | None = None
         self._audio_sink: AudioSink | None = None
         self._serving = ServeSwitch(
             submit=self._submit,
@@ -202,6 +262,16 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         return self._selection
 
     @property
+    def loading(self) -> bool:
+        """A load of the stages is under way (a request may be waiting for it)."""
+        return self._pending_load is not None
+
+    @property
+    def load_view(self) -> LoadView | None:
+        """The load under way or the last one, as ``load_progress`` last carried it."""
+        return self._load_view
+
+    @property
     def request_id(self) -> str | None:
         return None if self._request is None else self._request.request_id
 
@@ -218,30 +288,57 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
             self.error.emit(RUN_IN_PROGRESS)
             return False
         self._set_state(RunState.OPENING)
+        self._abandon_load()
         if self._loaded:
             self._submit(self._keep_warm_job)
             self._loaded = False
+        self._show_load(None)
         self._submit(partial(self._open_job, Path(path).expanduser().absolute()))
         return True
 
+    def load(self) -> bool:
+        """Start loading the open pipeline's stages in the background, so that the first Run
+        finds them loaded or waits for this load; False when they are loaded or loading."""
+        if self._state is not RunState.READY or self._config is None or self._loaded:
+            return False
+        if self._pending_load is not None:
+            return False
+        self._start_load(self._config)
+        return True
+
     def run(self, request_input: object = None) -> bool:
-        """Run one request (tensors as a mapping, or text); loads the stages first if needed."""
+        """Run one request (tensors as a mapping, or text); it waits for the load under way,
+        or loads the stages first when none is."""
         if not self._state.can_run or self._config is None:
             return False
         self._cancel_after_load = self._keep_after_cancel = False
         if self._loaded:
             self._set_state(RunState.RUNNING)
             self._submit(partial(self._submit_job, request_input))
+            return True
+        if self._pending_load is None:
+            self._start_load(self._config)
         else:
-            self._set_state(RunState.LOADING)
-            self._submit(partial(self._load_job, self._config, request_input))
+            self._studio_line("the request waits for the stages being loaded")
+        self._waiting_input = request_input
+        self._set_state(RunState.LOADING)
         return True
 
     def cancel(self, *, keep_loaded: bool = False) -> bool:
         """Cancel the running request (or the load it is waiting for). The stages are then
-        unloaded, unless ``keep_loaded`` (the chat view's Stop) and all are still usable."""
+        unloaded, unless ``keep_loaded`` (the chat view's Stop) and all are still usable; a
+        request stopped that way while the stages load leaves the load going on."""
         self._keep_after_cancel = keep_loaded
         if self._state is RunState.LOADING:
+            self._waiting_input = None
+            if keep_loaded:
+                self._finish_run(
+                    RunOutcome(None, "cancelled", "cancelled before the stages loaded")
+                )
+                self._set_state(RunState.READY)
+                return True
+            if self._pending_load is not None:
+                self._pending_load.cancel()
             self._cancel_after_load = True
             self._set_state(RunState.CANCELLING)
             return True
@@ -294,6 +391,8 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         if self._state in (RunState.CLOSING, RunState.CLOSED):
             return
         self._set_state(RunState.CLOSING)
+        if self._pending_load is not None:
+            self._pending_load.cancel()
         self._submit(self._serving.stop_job)
         self._submit(self._unload_job)
         self._thread.stop()
@@ -326,7 +425,27 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         if self._state is RunState.LOADED:
             self._unload_then_ready()
         else:
+            if self._state is RunState.READY and self._abandon_load():
+                self._studio_line("the stages being loaded were unloaded")
             self._submit(self._unload_warm_job)
+
+    def _start_load(self, config: PipelineConfig) -> None:
+        pending = self._pending_load = _PendingLoad()
+        self._submit(partial(self._load_job, config, pending))
+
+    def _abandon_load(self) -> bool:
+        """Cancel the load under way; whatever it started is unloaded (its continuations are
+        then ignored). False when none was under way."""
+        pending, self._pending_load = self._pending_load, None
+        if pending is None:
+            return False
+        pending.cancel()
+        self._submit(self._close_session_job)
+        return True
+
+    def _show_load(self, view: LoadView | None) -> None:
+        self._load_view = view
+        self.load_progress.emit(view)
 
     def _unload_then_ready(self) -> None:
         self._loaded = False
@@ -374,9 +493,17 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
             return
         self._post(partial(self.plan_changed.emit, plan_view(plan, self.ledger.snapshot())))
 
-    def _load_job(self, config: PipelineConfig, request_input: object) -> None:
+    def _load_job(self, config: PipelineConfig, pending: _PendingLoad) -> None:
         events = EventBus()
-        unsubscribe = events.subscribe(self._on_runtime_event)
+        detach = (
+            events.subscribe(self._on_runtime_event),
+            events.subscribe(partial(self._on_load_event, pending)),
+        )
+
+        def unsubscribe() -> None:
+            for undo in detach:
+                undo()
+
         while True:
             try:
                 # The ledger's capacities are the machine's (declared by the first load); the
@@ -388,7 +515,12 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
                     topology=self._ctl_topology,
                     selection=self._ctl_selection,
                 )
-                orchestrator.start()
+                if not pending.attach(orchestrator):
+                    raise LoadCancelled(f"loading pipeline {config.pipeline} was cancelled")
+                try:
+                    orchestrator.start()
+                finally:
+                    pending.detach()
             except AdmissionRefused as exc:
                 if exc.holders and self._warm:
                     # Pipelines kept warm hold the memory: the oldest makes room.
@@ -401,15 +533,15 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
                     warm.close()
                     continue
                 unsubscribe()
-                self._post(partial(self._load_failed, exc))
+                self._post(partial(self._load_failed, pending, exc))
                 return
-            except OmniError as exc:
+            except Exception as exc:  # noqa: BLE001 - the GUI hears of any failure and recovers
                 unsubscribe()
-                self._post(partial(self._load_failed, exc))
+                self._post(partial(self._load_failed, pending, exc))
                 return
             break
         self._session = _Session(orchestrator, unsubscribe)
-        self._post(partial(self._after_load, request_input))
+        self._post(partial(self._after_load, pending))
 
     def _submit_job(self, request_input: object) -> None:
         session = self._session
@@ -444,6 +576,12 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         if session is not None:
             session.close()
         self._unload_warm_job()
+
+    def _close_session_job(self) -> None:
+        """Close the open pipeline's stages (those of a load cancelled too late), not the warm."""
+        session, self._session = self._session, None
+        if session is not None:
+            session.close()
 
     def _unload_warm_job(self) -> None:
         warm, self._warm = list(self._warm.values()), {}
@@ -482,17 +620,37 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         self._set_state(RunState.READY if self._config is not None else RunState.EMPTY)
         self.error.emit(error_info(error))
 
-    def _load_failed(self, error: OmniError) -> None:
+    def _load_failed(self, pending: _PendingLoad, error: BaseException) -> None:
+        if pending is not self._pending_load:
+            return  # abandoned: its end is no news
+        self._pending_load = None
         if self._state in (RunState.CLOSING, RunState.CLOSED):
             return
-        self._studio_line(f"loading failed: {error}", "ERROR")
-        self.error.emit(error_info(error))
-        self._finish_run(RunOutcome(None, "failed", str(error)))
+        waiting = self._state in (RunState.LOADING, RunState.CANCELLING)
+        self._waiting_input = None
+        if isinstance(error, LoadCancelled):
+            self._studio_line("loading cancelled; nothing was left loaded")
+            if waiting:
+                self._finish_run(
+                    RunOutcome(None, "cancelled", "cancelled while the stages were loading")
+                )
+        else:
+            self._studio_line(f"loading failed: {error}", "ERROR")
+            self.error.emit(error_info(error))
+            if waiting:
+                self._finish_run(RunOutcome(None, "failed", str(error)))
         self._set_state(RunState.READY)
 
-    def _after_load(self, request_input: object) -> None:
+    def _after_load(self, pending: _PendingLoad) -> None:
+        if pending is not self._pending_load:
+            return  # abandoned: the job submitted with the cancel closes what it loaded
+        self._pending_load = None
         self._loaded = True
+        request_input, self._waiting_input = self._waiting_input, None
         if self._state in (RunState.CLOSING, RunState.CLOSED):
+            return
+        if self._state is RunState.READY:
+            self._set_state(RunState.LOADED)  # loaded in the background; no request waits
             return
         if self._cancel_after_load:
             self._finish_run(
@@ -628,6 +786,17 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
 
     def _on_runtime_event(self, event: Event) -> None:
         self._post(partial(self._handle_event, event))
+
+    def _on_load_event(self, pending: _PendingLoad, event: Event) -> None:
+        if isinstance(event, LOADING_EVENTS):
+            self._post(partial(self._load_progressed, pending, event))
+
+    def _load_progressed(self, pending: _PendingLoad, event: Event) -> None:
+        """A loading event (GUI thread); those of an abandoned load are dropped."""
+        if pending is not self._pending_load:
+            return
+        if pending.progress.update(event) and pending.progress.snapshot is not None:
+            self._show_load(load_view(pending.progress.snapshot))
 
     def _on_ledger_event(self, event: LedgerEvent) -> None:
         self.ledger_changed.emit(ledger_view(event.snapshot))

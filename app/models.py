@@ -233,6 +233,66 @@ class ExecutionView:
     stages: tuple[StageExecutionView, ...]
 
 
+def load_seconds(value: float) -> str:
+    """0.4 s below ten seconds, 12 s above: what a person waiting reads."""
+    return f"{value:.1f} s" if value < 10 else f"{value:.0f} s"
+
+
+@dataclass(frozen=True, slots=True)
+class StageLoadView:
+    """One stage of a load: what serves it, its phase since ``since`` (monotonic seconds),
+    and the seconds it took once ready or failed."""
+
+    stage: str
+    kind: str
+    phase: str
+    since: float
+    elapsed_s: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.phase in ("ready", "failed")
+
+    def seconds(self, now: float) -> float:
+        return self.elapsed_s if self.elapsed_s is not None else max(0.0, now - self.since)
+
+    def line(self, now: float) -> str:
+        """``assistant (vLLM worker): loading… 12 s``, ``voice (graph worker): ready 0.4 s``."""
+        dots = "" if self.done else "…"
+        return f"{self.stage} ({self.kind}): {self.phase}{dots} {load_seconds(self.seconds(now))}"
+
+
+@dataclass(frozen=True, slots=True)
+class LoadView:
+    """A pipeline's load as the Run and conversation views show it: ``status`` is loading,
+    ready or failed; the seconds count from ``started`` until ``elapsed_s`` is known."""
+
+    pipeline: str
+    status: str
+    started: float
+    stages: tuple[StageLoadView, ...]
+    elapsed_s: float | None = None
+    message: str = ""
+
+    @property
+    def loading(self) -> bool:
+        return self.status == "loading"
+
+    def lines(self, now: float) -> list[str]:
+        return [stage.line(now) for stage in self.stages]
+
+    def summary(self, now: float) -> str:
+        took = load_seconds(
+            self.elapsed_s if self.elapsed_s is not None else max(0.0, now - self.started)
+        )
+        if self.status == "ready":
+            return f"{len(self.stages)} stage(s) loaded in {took}"
+        if self.status == "failed":
+            return f"loading stopped after {took}: {self.message}"
+        waiting = [f"{s.stage} {s.phase}" for s in self.stages if not s.done]
+        return f"loading {', '.join(waiting)}… {took}" if waiting else f"loading… {took}"
+
+
 # ------------------------------------------------------------------------------ manifest
 
 

@@ -26,6 +26,7 @@ from app.models import (
     InputKind,
     LedgerRow,
     LedgerView,
+    LoadView,
     MachineConstraintView,
     ManifestView,
     PipelineInfo,
@@ -34,6 +35,7 @@ from app.models import (
     RequestMetrics,
     ReservationView,
     StageExecutionView,
+    StageLoadView,
     StagePlanView,
     StageTiming,
     TensorResults,
@@ -58,13 +60,17 @@ from runtime.errors import (
 )
 from runtime.events import (
     Event,
+    LoadSnapshot,
     PipelineClosed,
+    PipelineLoadFailed,
     PipelineReady,
     RequestAdmitted,
     RequestFinished,
     StageCallFinished,
+    StageFailed,
     StageReady,
     StageStarting,
+    StageWorkerUp,
     WorkerRetired,
 )
 from runtime.ledger import format_bytes
@@ -506,9 +512,19 @@ def event_line(event: Event) -> tuple[str, str] | None:
             f"{count} on {name}" for name, count in placement.get("counts", {}).items()
         )
         return "INFO", (
-            f"{event.stage}: ready, worker pid {worker.get('pid')} generation "
-            f"{worker.get('generation')}; nodes: {counts or 'not reported'}"
+            f"{event.stage}: ready in {event.elapsed_s:.1f} s, worker pid {worker.get('pid')} "
+            f"generation {worker.get('generation')}; nodes: {counts or 'not reported'}"
         )
+    if isinstance(event, StageWorkerUp):
+        return "INFO", f"{event.stage}: worker pid {event.pid} started, loading"
+    if isinstance(event, StageFailed):
+        return (
+            "WARNING",
+            f"{event.stage}: not started after {event.elapsed_s:.1f} s: {event.message}",
+        )
+    if isinstance(event, PipelineLoadFailed):
+        level = "INFO" if event.cancelled else "WARNING"
+        return level, f"pipeline {event.pipeline} not loaded: {event.message}"
     if isinstance(event, PipelineReady):
         return "INFO", f"pipeline {event.pipeline} is ready"
     if isinstance(event, RequestAdmitted):
@@ -529,6 +545,22 @@ def event_line(event: Event) -> tuple[str, str] | None:
     if isinstance(event, PipelineClosed):
         return "INFO", f"pipeline {event.pipeline} closed"
     return None
+
+
+def load_view(snapshot: LoadSnapshot) -> LoadView:
+    """A load's progress as the Run and conversation views show it."""
+    stages = tuple(
+        StageLoadView(stage.stage, stage.kind, stage.phase, stage.since, stage.elapsed_s)
+        for stage in snapshot.stages
+    )
+    return LoadView(
+        snapshot.pipeline,
+        snapshot.status,
+        snapshot.started,
+        stages,
+        snapshot.elapsed_s,
+        snapshot.message,
+    )
 
 
 @dataclass(frozen=True, slots=True)

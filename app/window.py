@@ -227,6 +227,8 @@ class MainWindow(QMainWindow):
         bridge.pipeline_opened.connect(self._on_opened)
         bridge.plan_changed.connect(self._on_plan)
         bridge.execution_changed.connect(self.plan_panel.show_execution)
+        bridge.load_progress.connect(self.run_pane.loading.show_snapshot)
+        bridge.load_progress.connect(self.chat.show_loading)
         bridge.run_started.connect(self.output.run_started)
         bridge.run_started.connect(self.chat.run_started)
         bridge.audio_chunk.connect(self._on_audio)
@@ -432,6 +434,14 @@ class MainWindow(QMainWindow):
         )
         self.pipelines.set_recent(self.settings.add_recent(self.settings.last_pipeline))
         self.pipelines.mark_current(self.settings.last_pipeline)
+        self._load_in_background(info)
+
+    def _load_in_background(self, info: PipelineInfo) -> None:
+        """Start loading the stages as soon as the pipeline is opened, so the first Run or
+        Send waits less; not when its plan is refused, nor when first use must make something
+        first (the offer still waits for Run, and nothing is made before the user agrees)."""
+        if info.plan.admitted and self.first_use.needs() is None:
+            self.bridge.load()
 
     def _fit_run_pane(self) -> None:
         """Give the run pane the height it needs and the output the rest."""

@@ -33,11 +33,13 @@ from PySide6.QtWidgets import (
 from app.conversations import Conversation, ConversationError, ReplyDraft
 from app.models import ErrorInfo, RunOutcome, RunState, TextChunk
 from app.widgets.common import NEUTRAL, OK, WARN, StatusChip, dim, section_title
+from app.widgets.loading import LoadingView
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from app.conversations import ConversationStore, Status, Turn
+    from app.models import LoadView
 
 #: The transcript redraws at most this often while a reply streams in; a long conversation
 #: waits longer, so redrawing never takes more than a quarter of the GUI thread's time.
@@ -51,9 +53,15 @@ def _paragraphs(text: str) -> str:
     return html.escape(text).replace("\n", "<br>")
 
 
-def transcript_html(conversation: Conversation, draft: ReplyDraft | None, palette: QPalette) -> str:
+def transcript_html(
+    conversation: Conversation,
+    draft: ReplyDraft | None,
+    palette: QPalette,
+    *,
+    draft_note: str = "writing",
+) -> str:
     """The turns as bubbles: the user's on the right, the assistant's on the left; the reply
-    being written last, with a cursor."""
+    being written last, with a cursor and ``draft_note`` (what it waits for)."""
     user_bg = palette.color(QPalette.ColorRole.Highlight)
     user_bg.setAlpha(255)
     user_fg = palette.color(QPalette.ColorRole.HighlightedText).name()
@@ -84,7 +92,7 @@ def transcript_html(conversation: Conversation, draft: ReplyDraft | None, palett
     for turn in conversation.turns:
         bubble(_paragraphs(turn.content), user=turn.role == "user", note=_turn_note(turn))
     if draft is not None:
-        bubble(_paragraphs(draft.text) + " ▍", user=False, note="writing")
+        bubble(_paragraphs(draft.text) + " ▍", user=False, note=draft_note)
     if not rows:
         rows.append(
             f'<p style="color:{note_fg}">Write a message below and press Send '
@@ -124,6 +132,8 @@ class ChatView(QWidget):
         #: Asked before the Delete button removes a conversation (its title -> go ahead).
         self.confirm_delete: Callable[[str], bool] = self._ask_before_deleting
         self._state = RunState.EMPTY
+        #: The stages' load, while the message sent waits for it.
+        self.loading = LoadingView(hide_when_ready=True)
         self._reported: set[str] = set()
         self._redraw = QTimer(self)
         self._redraw.setSingleShot(True)
@@ -193,6 +203,7 @@ class ChatView(QWidget):
         right_layout.addWidget(self.system_prompt)
         self.title = section_title(self.conversation.title)
         right_layout.addWidget(self.title)
+        right_layout.addWidget(self.loading)
         right_layout.addWidget(self.transcript, 1)
         right_layout.addWidget(self.composer)
         right_layout.addLayout(buttons)
@@ -228,8 +239,32 @@ class ChatView(QWidget):
                 self.redraw()
 
     def set_state(self, state: RunState) -> None:
+        waited = self.waiting_for_load
         self._state = state
         self._update_buttons()
+        if waited != self.waiting_for_load:
+            self._show_waiting()
+
+    def show_loading(self, snapshot: LoadView | None) -> None:
+        """The bridge's loading progress: shown above the transcript until the model is
+        loaded; a message sent meanwhile waits in the transcript, marked so."""
+        self.loading.show_snapshot(snapshot)
+
+    @property
+    def waiting_for_load(self) -> bool:
+        """A message was sent and waits for the stages to load."""
+        return (
+            self.draft is not None
+            and self.draft.request_id is None
+            and self._state is RunState.LOADING
+        )
+
+    def _show_waiting(self) -> None:
+        if self.draft is None:
+            return
+        if self.waiting_for_load:
+            self.status.set_status("waiting for the model to load", WARN)
+        self.redraw()
 
     def _update_buttons(self) -> None:
         idle = self.draft is None and self._state.can_run
@@ -404,7 +439,10 @@ class ChatView(QWidget):
         started = time.perf_counter()
         self._redraw.stop()
         self.title.setText(self.conversation.title)
-        self.transcript.setHtml(transcript_html(self.conversation, self.draft, self.palette()))
+        note = "waiting for the model to load" if self.waiting_for_load else "writing"
+        self.transcript.setHtml(
+            transcript_html(self.conversation, self.draft, self.palette(), draft_note=note)
+        )
         bar = self.transcript.verticalScrollBar()
         bar.setValue(bar.maximum())
         self._update_buttons()

@@ -29,6 +29,7 @@ from app.widgets.common import (
     readonly_table,
     set_row,
 )
+from app.widgets.loading import LoadingView
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -138,6 +139,8 @@ class RunPane(QWidget):
         self.fit_label = QLabel("")
         self.fit_label.setWordWrap(True)
         self.state_chip = StatusChip(RunState.EMPTY.value)
+        #: The stages loading (from the moment the pipeline is opened) and their times.
+        self.loading = LoadingView()
 
         self.tensor_inputs = TensorInputs()
         self.text_input = QPlainTextEdit()
@@ -179,6 +182,7 @@ class RunPane(QWidget):
         layout.addWidget(self.path_label)
         layout.addWidget(self.description)
         layout.addLayout(fit_row)
+        layout.addWidget(self.loading)
         layout.addSpacing(4)
         layout.addWidget(inputs_title)
         layout.addWidget(self.tensor_inputs)

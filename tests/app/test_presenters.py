@@ -22,6 +22,7 @@ from app.presenters import (
     error_info,
     event_line,
     execution_view,
+    load_view,
     output_items,
     toggled_selection,
 )
@@ -38,7 +39,19 @@ from runtime.errors import (
     VerificationError,
     WorkerDied,
 )
-from runtime.events import StageCallFinished, StageReady, WorkerRetired
+from runtime.events import (
+    LoadingStage,
+    LoadProgress,
+    PipelineLoadFailed,
+    PipelineLoading,
+    PipelineReady,
+    StageCallFinished,
+    StageFailed,
+    StageReady,
+    StageStarting,
+    StageWorkerUp,
+    WorkerRetired,
+)
 
 
 def _output(
@@ -211,11 +224,20 @@ def test_events_become_log_lines() -> None:
             "worker": {"pid": 42, "generation": 2},
             "placement": {"counts": {"CPUExecutionProvider": 7}},
         },
+        elapsed_s=0.42,
     )
     assert event_line(ready) == (
         "INFO",
-        "decoder: ready, worker pid 42 generation 2; nodes: 7 on CPUExecutionProvider",
+        "decoder: ready in 0.4 s, worker pid 42 generation 2; nodes: 7 on CPUExecutionProvider",
     )
+    assert event_line(StageWorkerUp(stage="decoder", pid=42)) == (
+        "INFO",
+        "decoder: worker pid 42 started, loading",
+    )
+    failed = StageFailed(stage="decoder", message="cancelled", elapsed_s=1.25)
+    assert event_line(failed) == ("WARNING", "decoder: not started after 1.2 s: cancelled")
+    cancelled = PipelineLoadFailed(pipeline="p", message="cancelled", cancelled=True)
+    assert event_line(cancelled) == ("INFO", "pipeline p not loaded: cancelled")
     lost = WorkerRetired(stage="decoder", pid=42, reason="cancelled", confirmed_gone=False)
     level, text = event_line(lost) or ("", "")
     assert level == "WARNING"
@@ -297,3 +319,28 @@ def test_a_bare_bundle_is_described_through_its_generated_pipeline(
     assert info.path.parent.name == "bundle-pipelines"
     assert (info.name, info.input_kind) == ("bundle_add", InputKind.TENSORS)
     assert info.example_text == ""
+
+
+def test_a_load_becomes_the_view_of_its_stages() -> None:
+    progress = LoadProgress()
+    stages = (LoadingStage("assistant", "vLLM worker"), LoadingStage("voice", "graph worker"))
+    progress.update(PipelineLoading(pipeline="chat-speak", stages=stages, at=10.0))
+    progress.update(StageStarting(stage="assistant", route="local-vllm", at=10.5))
+    progress.update(StageStarting(stage="voice", route="cpu", at=10.5))
+    progress.update(StageWorkerUp(stage="assistant", pid=7, at=11.0))
+    progress.update(StageReady(stage="voice", record={}, elapsed_s=0.4, at=10.9))
+    assert progress.snapshot is not None
+    view = load_view(progress.snapshot)
+    assert view.loading
+    assert view.lines(24.5) == [
+        "assistant (vLLM worker): loading… 14 s",
+        "voice (graph worker): ready 0.4 s",
+    ]
+    assert view.summary(24.5) == "loading assistant loading… 14 s"
+    progress.update(StageReady(stage="assistant", record={}, elapsed_s=20.0, at=30.5))
+    progress.update(PipelineReady(pipeline="chat-speak", execution_plan={}, at=30.6))
+    assert progress.snapshot is not None
+    done = load_view(progress.snapshot)
+    assert not done.loading
+    assert done.summary(99.0) == "2 stage(s) loaded in 21 s"
+    assert done.lines(99.0)[0] == "assistant (vLLM worker): ready 20 s"

@@ -153,6 +153,10 @@ def test_the_badge_counts_what_is_quarantined_and_agrees_with_run(
     add = demo_root / "pipelines" / "add.yaml"
     open_pipeline(qtbot, window, add)
     assert window.run_pane.fit_chip.text() == "Fits"
+    # Opening it loaded its stages; unloaded, the run below loads them again.
+    wait_state(qtbot, window, RunState.LOADED)
+    assert window.bridge.unload()
+    wait_state(qtbot, window, RunState.READY)
     # A worker of an earlier run that could not be confirmed gone holds most of the memory.
     ledger = window.bridge.ledger
     assert ledger.snapshot().constraints[RAM].capacity == 2 * GiB  # the machine's

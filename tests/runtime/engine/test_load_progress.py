@@ -63,11 +63,15 @@ def test_a_start_publishes_each_stage_phase_with_its_time(
     pipeline_ready = next(i for i, e in enumerate(seen) if isinstance(e, PipelineReady))
     assert all(seen.index(e) < pipeline_ready for e in ready)
     snapshot = progress.snapshot
-    assert snapshot is not None and snapshot.status == "ready" and any(changes)
+    assert snapshot is not None
+    assert snapshot.status == "ready"
+    assert any(changes)
     assert [s.phase for s in snapshot.stages] == ["ready"] * len(stages)
-    assert snapshot.elapsed_s is not None and snapshot.elapsed_s >= max(e.elapsed_s for e in ready)
+    assert snapshot.elapsed_s is not None
+    assert snapshot.elapsed_s >= max(e.elapsed_s for e in ready)
     line = snapshot.stages[0].line(0.0)
-    assert line.startswith(f"{stages[0]} (graph worker): ready ") and line.endswith(" s")
+    assert line.startswith(f"{stages[0]} (graph worker): ready ")
+    assert line.endswith(" s")
     assert snapshot.summary(0.0).startswith(f"{len(stages)} stage(s) loaded in ")
 
 
@@ -94,7 +98,9 @@ def test_cancel_start_during_a_load_unwinds_everything(
     assert ledger.snapshot().reservations == ()
     wait_until(lambda: all(process_gone(pid) for pid in pids), "the cancelled worker to go")
     failed = [e for e in seen if isinstance(e, PipelineLoadFailed)]
-    assert len(failed) == 1 and failed[0].cancelled and failed[0].message == "cancelled"
+    assert len(failed) == 1
+    assert failed[0].cancelled
+    assert failed[0].message == "cancelled"
     assert not any(isinstance(e, PipelineReady) for e in seen)
     # A stage whose start was cut short says so (none of them was ready before the cancel
     # unless it finished first).
@@ -104,9 +110,7 @@ def test_cancel_start_during_a_load_unwinds_everything(
     orchestrator.close()
 
 
-def test_cancel_start_before_start_raises_at_once(
-    demo_root: Path, options: dict[str, Any]
-) -> None:
+def test_cancel_start_before_start_raises_at_once(demo_root: Path, options: dict[str, Any]) -> None:
     config = load_pipeline(demo_root / "pipelines" / "add.yaml")
     events = EventBus()
     seen = _recorded(events)
@@ -121,7 +125,8 @@ def test_cancel_start_before_start_raises_at_once(
     for event in seen:
         progress.update(event)
     snapshot = progress.snapshot
-    assert snapshot is not None and snapshot.status == "failed"
+    assert snapshot is not None
+    assert snapshot.status == "failed"
     assert snapshot.summary(0.0).endswith(": cancelled")
 
 
