@@ -7,14 +7,27 @@ admission, placement); 4 execution failed; 130 interrupted after a clean shutdow
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, OmniError
+from .events import (
+    Event,
+    EventBus,
+    LoadProgress,
+    PipelineLoadFailed,
+    PipelineLoading,
+    PipelineReady,
+    StageFailed,
+    StageReady,
+)
 
 if TYPE_CHECKING:
     from .chat import ChatMessage
@@ -217,11 +230,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     inputs = _load_npz(args.inputs, "--inputs") if args.inputs else None
     expected = _load_npz(args.expect, "--expect") if args.expect else None
     out = Path(args.out) if args.out else None
-    with Omni(
-        config,
-        topology=_topology(args) if args.topology else None,
-        selection=_selection(args),
-    ) as omni:
+    with contextlib.ExitStack() as stack:
+        omni = stack.enter_context(
+            Omni(
+                config,
+                events=_loading_events(stack),
+                topology=_topology(args) if args.topology else None,
+                selection=_selection(args),
+            )
+        )
         outputs = omni.run(inputs)
         plan = omni.execution_plan
         metrics = omni.metrics()
@@ -261,6 +278,65 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _progress(line: str) -> None:
     print(f"omni-edge: {line}", file=sys.stderr, flush=True)
+
+
+class LoadReporter:
+    """What ``run`` waits for while the stages load, on stderr (stdout keeps the streamed
+    text and ``--json``): the stages at the start, each stage once ready, and every
+    ``tick_s`` the stages still loading with the seconds so far
+    (``omni-edge: loading: assistant (vLLM worker) loading… 14 s``)."""
+
+    def __init__(self, write: Callable[[str], None] = _progress, tick_s: float = 5.0) -> None:
+        self._write = write
+        self._tick_s = tick_s
+        self._progress = LoadProgress()
+        self._lock = threading.Lock()
+        self._ended = threading.Event()
+        self._ticker: threading.Thread | None = None
+
+    def __call__(self, event: Event) -> None:
+        """An event, on the runtime's thread (an ``EventBus`` subscriber)."""
+        with self._lock:
+            if not self._progress.update(event):
+                return
+            snapshot = self._progress.snapshot
+        assert snapshot is not None
+        now = time.monotonic()
+        if isinstance(event, PipelineLoading):
+            names = ", ".join(f"{stage.stage} ({stage.kind})" for stage in snapshot.stages)
+            self._write(f"loading {len(snapshot.stages)} stage(s): {names}")
+            self._ticker = threading.Thread(target=self._tick, name="omni-loading", daemon=True)
+            self._ticker.start()
+        elif isinstance(event, StageReady | StageFailed):
+            stage = next(s for s in snapshot.stages if s.stage == event.stage)
+            self._write(f"loading: {stage.line(now)}")
+        elif isinstance(event, PipelineReady | PipelineLoadFailed):
+            self._ended.set()
+            if isinstance(event, PipelineReady):
+                self._write(snapshot.summary(now))
+
+    def _tick(self) -> None:
+        while not self._ended.wait(self._tick_s):
+            with self._lock:
+                snapshot = self._progress.snapshot
+            if snapshot is not None and snapshot.loading:
+                self._write(snapshot.summary(time.monotonic()))
+
+    def close(self) -> None:
+        """Stop the ticking line (idempotent)."""
+        self._ended.set()
+        ticker, self._ticker = self._ticker, None
+        if ticker is not None and ticker is not threading.current_thread():
+            ticker.join()
+
+
+def _loading_events(stack: contextlib.ExitStack) -> EventBus:
+    """An event bus for ``Omni`` whose loading events :class:`LoadReporter` reports."""
+    events = EventBus()
+    reporter = LoadReporter()
+    stack.callback(reporter.close)
+    stack.callback(events.subscribe(reporter))
+    return events
 
 
 def _log_to_stderr() -> None:
@@ -315,8 +391,6 @@ def _run_text(
 ) -> int:
     """``run --text`` / ``--chat``: stream the text to stdout as it arrives; write or play the
     audio. With ``--chat`` and ``--out``, the conversation with the reply is written too."""
-    import contextlib
-
     from .api import Omni
     from .audio import AudioPlayer, WavWriter
     from .contracts import new_request_id
@@ -341,6 +415,7 @@ def _run_text(
         omni = stack.enter_context(
             Omni(
                 config,
+                events=_loading_events(stack),
                 topology=_topology(args) if args.topology else None,
                 selection=_selection(args),
             )
