@@ -39,7 +39,9 @@ from runtime.api import Omni
 from runtime.config import load_pipeline
 from runtime.devices import discover_topology
 from runtime.devices.selection import DeviceSelection
+from runtime.errors import ModelError, RequestCancelled
 from runtime.pipeline_input import AUDIO_INPUT, input_kind
+from tests.runtime.engine.support import process_gone, shm_entries, wait_until
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -384,22 +386,87 @@ def test_the_pipeline_matches_faster_whisper(
         assert segment["end"] == pytest.approx((audio.size // 160) * 0.01, abs=0.011)
 
 
-def test_long_audio_goes_in_windows_with_the_previous_text(
-    config: PipelineConfig, bundles: WhisperBundles
-) -> None:
-    """A 40 s clip: two windows, the second prompted with the first's text, as faster-whisper."""
+@pytest.fixture(scope="module")
+def long_clip() -> np.ndarray:
+    """About 40 s: eight sentences with half a second of silence after each."""
     pause = np.zeros(8000, np.float32)
     parts = []
     for sentence in SENTENCES[2:10]:
         parts += [spoken_clip(sentence), pause]
-    audio = np.concatenate(parts)
-    assert 30 < audio.size / 16000 < 60
-    ((ref_tokens, ref_text),) = reference_transcripts([audio])
-    ((tokens, text, metrics),) = pipeline_transcripts(config, [audio])
+    return np.concatenate(parts)
+
+
+def test_long_audio_goes_in_windows_with_the_previous_text(
+    config: PipelineConfig, long_clip: np.ndarray
+) -> None:
+    """Two windows, the second prompted with the first's text, as faster-whisper does."""
+    assert 30 < long_clip.size / 16000 < 60
+    ((ref_tokens, ref_text),) = reference_transcripts([long_clip])
+    ((tokens, text, metrics),) = pipeline_transcripts(config, [long_clip])
     assert metrics["windows"] == 2
     assert [s["start"] for s in metrics["segments"]] == [0.0, 30.0]
     assert tokens == ref_tokens
     assert text == ref_text
+
+
+def test_cancel_mid_window_stops_and_leaves_nothing(
+    config: PipelineConfig, long_clip: np.ndarray
+) -> None:
+    shm_before = shm_entries()
+    with Omni(config, **_engine()) as omni:
+        pids = [stage["worker"]["pid"] for stage in omni.execution_plan["stages"]]
+        outputs = omni.generate({"audio": long_clip, "sample_rate": 16000}, request_id="long")
+        first = next(outputs)
+        assert not first.finished
+        assert first.text
+        decoder = omni.orchestrator.clients[1]
+        wait_until(lambda: decoder.slot is not None, "a decoder call of the second window")
+        assert omni.cancel("long")
+        with pytest.raises(RequestCancelled):
+            for _ in outputs:
+                pass
+        assert omni.metrics()["requests"][-1]["status"] == "cancelled"
+    for pid in pids:
+        wait_until(lambda pid=pid: process_gone(pid), f"worker {pid} to exit", timeout_s=5.0)
+    assert shm_entries() - shm_before == set()
+
+
+def test_an_encoder_without_cross_attention_outputs_fails_the_request(
+    config: PipelineConfig, bundles: WhisperBundles, tmp_path: Path
+) -> None:
+    """A bundle that claims to be the encoder but outputs something else: a ModelError naming
+    what it returned, and the pipeline still answers the next request's checks."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from runtime.artifacts import create_bundle
+
+    mel = helper.make_tensor_value_info("mel", TensorProto.FLOAT, [1, 80, 3000])
+    other = helper.make_tensor_value_info("other", TensorProto.FLOAT, [1, 80, 3000])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["mel"], ["other"])], "not_whisper", [mel], [other]
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    source = tmp_path / "src"
+    source.mkdir()
+    onnx.save(model, source / "encoder.onnx")
+    np.savez(source / "inputs.npz", mel=np.zeros((1, 80, 3000), np.float32))
+    meta = dict(bundles.encoder.manifest.metadata)
+    for fixed in ("graph_file", "example_inputs_file", "precision"):
+        meta.pop(fixed, None)
+    fake = create_bundle(
+        source / "encoder.onnx", source / "inputs.npz", tmp_path / "encoder", metadata=meta
+    )
+    stages = list(config.stages)
+    backend = dataclasses.replace(stages[0].backend, manifest=fake.manifest_path)
+    stages[0] = dataclasses.replace(stages[0], backend=backend)
+    broken = dataclasses.replace(config, stages=tuple(stages))
+    audio = np.zeros(16000, np.float32)
+    with Omni(broken, **_engine()) as omni:
+        with pytest.raises(ModelError, match=r"returned \['other'\]; expected 'cross_kv'"):
+            for _ in omni.generate({"audio": audio, "sample_rate": 16000}):
+                pass
 
 
 if __name__ == "__main__":
@@ -409,6 +476,7 @@ if __name__ == "__main__":
 
     with tempfile.TemporaryDirectory() as folder:
         os.environ.setdefault("OMNI_EDGE_DATA_DIR", folder)
+        export_missing_recognisers(PIPELINE, print)
         pipeline = load_pipeline(PIPELINE)
         every = [spoken_clip(sentence) for sentence in SENTENCES]
         reference = reference_transcripts(every)
