@@ -16,8 +16,9 @@ Three layers, each usable alone:
   [samples, channels], resampled to 16 kHz with soxr) or a live source (an iterable of 1-D
   float32 chunks at 16 kHz, read as they arrive). Each event goes out as it is found (outputs
   ``event``, ``t``, ``sample``, ``detected_at`` and, for a start, ``pcm`` from the pre-roll
-  on); the final output's metrics hold the segments, the per-chunk call times and, for a clip,
-every chunk's probability.
+  on); the final output's metrics hold the segments, the per-chunk call times (the model's
+run in the worker, and the whole call from the adapter) and, for a clip, every chunk's
+probability.
 
 Adapter options (``adapter.options`` in the pipeline file; see :class:`VadSettings`):
 ``threshold`` (0.5), ``neg_threshold`` (threshold - 0.15), ``min_speech_s`` (0.25),
@@ -575,11 +576,14 @@ class VadAdapter:
         clip = isinstance(prepared, _Clip)
         stream = VadStream(self.settings, keep_probabilities=clip)
         call_s: list[float] = []
+        wall_s: list[float] = []
         segments: list[list[float]] = []
         started = time.perf_counter()
 
         async def call(inputs: dict[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+            began = time.perf_counter()
             result = await ctx.call(0, inputs)
+            wall_s.append(time.perf_counter() - began)
             call_s.append(result.run_s)
             return result.outputs
 
@@ -608,6 +612,7 @@ class VadAdapter:
             "audio_seconds": audio_s,
             "segments": segments,
             "call_run_s_p50": statistics.median(call_s) if call_s else None,
+            "call_wall_s_p50": statistics.median(wall_s) if wall_s else None,
             "real_time_factor": wall / audio_s if audio_s else None,
         }
         if clip:

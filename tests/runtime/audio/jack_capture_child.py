@@ -11,6 +11,7 @@ scenario reports what arrived (aligned against the clip), when, and what it left
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
@@ -38,8 +39,13 @@ class FilePlayer:
         self.started_at: float | None = None
         self.client = jack.Client("omni-file-source", no_start_server=True)
         self.port = self.client.outports.register("out")
+        self.xruns = 0
         self.client.set_process_callback(self._process)
+        self.client.set_xrun_callback(self._xrun)
         self.client.activate()
+
+    def _xrun(self, _delay: float) -> None:
+        self.xruns += 1
 
     def _process(self, frames: int) -> None:
         buffer = self.port.get_array()
@@ -94,20 +100,28 @@ def capture() -> dict[str, Any]:
 
     clip = speech_like(CLIP_S, 11)
     at_server = soxr.resample(clip, CLIP_RATE, 48000).astype(np.float32)
+    clip_48k = at_server
     reference = soxr.resample(clip, CLIP_RATE, RATE).astype(np.float32)
     source = AudioInput("system", sample_rate=RATE)
     source.start()
     player = FilePlayer(at_server)
     try:
         targets = player.connect_to_inputs()
-        # Some audio before the clip: the input runs on its own, whatever is playing.
+        # Some audio before the clip: the input runs on its own, whatever is playing. What
+        # queued up while the player client started is read first, so that the reads after
+        # the clip starts wait for the server's clock.
         first = source.read(timeout=2.0)
         assert first is not None
         pieces = [first]
+        while source.metrics().queued_blocks:
+            chunk = source.read(timeout=0.005)
+            assert chunk is not None
+            pieces.append(chunk)
+        before = sum(piece.size for piece in pieces)
         player.play()
         t_play = time.monotonic()
-        wanted = round((CLIP_S + LEAD_S) * RATE) + first.size
-        received = first.size
+        wanted = round((CLIP_S + LEAD_S) * RATE) + before
+        received = before
         levels = []
         while received < wanted and time.monotonic() - t_play < CLIP_S + 5.0:
             chunk = source.read(timeout=1.0)
@@ -129,11 +143,21 @@ def capture() -> dict[str, Any]:
     finally:
         source.close()
         player.close()
-    lag, coefficient, snr = _align(captured, reference)
+    # The clip may start at any 48 kHz frame, so the 16 kHz samples the input made of it sit
+    # 0, 1/3 or 2/3 of a sample later than those of the direct conversion: align against each.
+    candidates = [
+        soxr.resample(np.concatenate([np.zeros(shift, np.float32), clip_48k]), 48000, RATE)
+        for shift in range(3)
+    ]
+    lag, coefficient, snr = max(
+        (_align(captured, candidate.astype(np.float32)) for candidate in candidates),
+        key=lambda found: found[1],
+    )
     clip_end_sample = lag + reference.size
-    # When the clip's end was read: where it sits in the stream, in the reading's own time.
-    read_rate = (captured.size - first.size) / (t_read - t_play)
+    # Samples delivered per second of waiting, from the moment the clip began to play.
+    read_rate = (captured.size - before) / (t_read - t_play)
     return {
+        "pid": os.getpid(),
         "targets": targets,
         "host_api": before_close.host_api,
         "device_rate": before_close.device_rate,
@@ -148,6 +172,7 @@ def capture() -> dict[str, Any]:
         "read_rate": read_rate,
         "player_started_s": None if player.started_at is None else player.started_at - t_play,
         "blocks_dropped": before_close.blocks_dropped,
+        "xruns": player.xruns,
         "device_overflows": before_close.device_overflows,
         "max_level_dbfs": max(levels),
         "reference_rms_dbfs": float(20 * np.log10(np.sqrt(np.mean(reference**2)))),
@@ -170,12 +195,87 @@ def unknown_device() -> dict[str, Any]:
         message = ""
     source.close()
     return {
+        "pid": os.getpid(),
         "message": message,
         "inputs": [device.describe() for device in list_input_devices()],
     }
 
 
-SCENARIOS = {"capture": capture, "unknown_device": unknown_device}
+def vad_live() -> dict[str, Any]:
+    """The voice joe into the input; the input, as a live source, into the voice activity
+    pipeline (``VAD_PIPELINE``, its bundle under ``OMNI_EDGE_DATA_DIR``); events as they come."""
+    import soxr
+    from piper import PiperVoice, SynthesisConfig
+
+    from runtime.adapters.vad import SpeechEnded, SpeechStarted, event_from_outputs
+    from runtime.adapters.voice_export import find_voice
+    from runtime.api import Omni
+    from runtime.audio import AudioInput
+
+    installed = find_voice("joe")
+    voice = PiperVoice.load(installed.model_path, installed.config_path)
+    config = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
+    text = "The quick brown fox jumps over the lazy dog."
+    spoken = np.concatenate([chunk.audio_float_array for chunk in voice.synthesize(text, config)])
+    lead = np.zeros(round(0.6 * CLIP_RATE), np.float32)
+    clip = np.concatenate([lead, spoken, np.zeros(round(1.0 * CLIP_RATE), np.float32)])
+    at_server = soxr.resample(clip, CLIP_RATE, 48000).astype(np.float32)
+    # Where the voice's sound starts and ends in the clip (10 ms frames above -40 dB).
+    frame = CLIP_RATE // 100
+    frames = clip[: clip.size // frame * frame].reshape(-1, frame)
+    rms = np.sqrt(np.mean(frames.astype(np.float64) ** 2, axis=1))
+    loud = np.flatnonzero(rms > rms.max() * 0.01)
+    sound = (loud[0] * frame / CLIP_RATE, (loud[-1] + 1) * frame / CLIP_RATE)
+
+    with Omni(os.environ["VAD_PIPELINE"]) as omni:
+        source = AudioInput("system", sample_rate=RATE)
+        source.start()
+        player = FilePlayer(at_server)
+        try:
+            player.connect_to_inputs()
+            stream_start = time.monotonic()
+            player.play()
+            t_play = time.monotonic()
+
+            def close_after_clip() -> None:
+                time.sleep(clip.size / CLIP_RATE + 0.3)
+                source.close()
+
+            closer = threading.Thread(target=close_after_clip, name="close after the clip")
+            closer.start()
+            arrivals = []
+            final: dict[str, Any] = {}
+            for output in omni.generate(source):
+                event = event_from_outputs(output.outputs)
+                if event is not None:
+                    arrivals.append((event, time.monotonic() - t_play))
+                if output.finished:
+                    final = dict(output.metrics)
+            closer.join()
+        finally:
+            source.close()
+            player.close()
+    started = [(e, at) for e, at in arrivals if isinstance(e, SpeechStarted)]
+    ended = [(e, at) for e, at in arrivals if isinstance(e, SpeechEnded)]
+    return {
+        "pid": os.getpid(),
+        "kinds": [type(event).__name__ for event, _ in arrivals],
+        "sound_s": list(sound),
+        "clip_s": clip.size / CLIP_RATE,
+        "play_offset_s": t_play - stream_start,
+        "start_t": [event.t for event, _ in started],
+        "end_t": [event.t for event, _ in ended],
+        "start_arrived_s": [at for _, at in started],
+        "end_arrived_s": [at for _, at in ended],
+        "start_detected_at": [event.detected_at for event, _ in started],
+        "chunks": final.get("chunks"),
+        "audio_seconds": final.get("audio_seconds"),
+        "call_wall_s_p50": final.get("call_wall_s_p50"),
+        "call_run_s_p50": final.get("call_run_s_p50"),
+    }
+
+
+SCENARIOS = {"capture": capture, "unknown_device": unknown_device, "vad_live": vad_live}
 
 
 if __name__ == "__main__":
