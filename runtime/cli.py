@@ -193,6 +193,7 @@ def _compare(
 def cmd_run(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from .adapters.whisper_export import export_missing_recognisers
     from .api import Omni
     from .config import load_pipeline
     from .errors import EXIT_FAILED, UsageError
@@ -201,6 +202,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.text is not None and args.chat is not None:
         raise UsageError("--text and --chat: give one request, the text or the conversation")
     messages = _load_chat(Path(args.chat)) if args.chat is not None else None
+    # A speech recogniser the pipeline names is made on first use, before its manifests load.
+    export_missing_recognisers(Path(args.pipeline), _progress)
     config = load_pipeline(args.pipeline)
     kind = input_kind(config)
     if args.text is not None or messages is not None:
@@ -239,7 +242,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 selection=_selection(args),
             )
         )
-        outputs = omni.run(inputs)
+        # An adapter's final output may carry its text as a string (a transcript).
+        outputs = {name: np.asarray(value) for name, value in omni.run(inputs).items()}
         plan = omni.execution_plan
         metrics = omni.metrics()
     problems = [] if expected is None else _compare(outputs, expected, args.atol, args.rtol)
