@@ -248,10 +248,18 @@ class StageLoadView:
     phase: str
     since: float
     elapsed_s: float | None = None
+    #: What it loads: the model's or the bundle's name ("" when there is none to show).
+    model: str = ""
 
     @property
     def done(self) -> bool:
         return self.phase in ("ready", "failed")
+
+    @property
+    def label(self) -> str:
+        """``stage-0 · smollm2-135m-instruct (vLLM worker)``."""
+        model = f" · {self.model}" if self.model else ""
+        return f"{self.stage}{model} ({self.kind})"
 
     def seconds(self, now: float) -> float:
         return self.elapsed_s if self.elapsed_s is not None else max(0.0, now - self.since)
@@ -259,7 +267,7 @@ class StageLoadView:
     def line(self, now: float) -> str:
         """``assistant (vLLM worker): loading… 12 s``, ``voice (graph worker): ready 0.4 s``."""
         dots = "" if self.done else "…"
-        return f"{self.stage} ({self.kind}): {self.phase}{dots} {load_seconds(self.seconds(now))}"
+        return f"{self.label}: {self.phase}{dots} {load_seconds(self.seconds(now))}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,8 +297,10 @@ class LoadView:
             return f"{len(self.stages)} stage(s) loaded in {took}"
         if self.status == "failed":
             return f"loading stopped after {took}: {self.message}"
-        waiting = [f"{s.stage} {s.phase}" for s in self.stages if not s.done]
-        return f"loading {', '.join(waiting)}… {took}" if waiting else f"loading… {took}"
+        waiting = [f"{s.stage} ({s.kind})" for s in self.stages if not s.done]
+        return (
+            f"loading… {took}: waiting for {', '.join(waiting)}" if waiting else f"loading… {took}"
+        )
 
 
 # ------------------------------------------------------------------------------ manifest

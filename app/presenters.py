@@ -550,7 +550,9 @@ def event_line(event: Event) -> tuple[str, str] | None:
 def load_view(snapshot: LoadSnapshot) -> LoadView:
     """A load's progress as the Run and conversation views show it."""
     stages = tuple(
-        StageLoadView(stage.stage, stage.kind, stage.phase, stage.since, stage.elapsed_s)
+        StageLoadView(
+            stage.stage, stage.kind, stage.phase, stage.since, stage.elapsed_s, stage.model
+        )
         for stage in snapshot.stages
     )
     return LoadView(

@@ -227,7 +227,7 @@ class MainWindow(QMainWindow):
         bridge.pipeline_opened.connect(self._on_opened)
         bridge.plan_changed.connect(self._on_plan)
         bridge.execution_changed.connect(self.plan_panel.show_execution)
-        bridge.load_progress.connect(self.run_pane.loading.show_snapshot)
+        bridge.load_progress.connect(self.run_pane.show_loading)
         bridge.load_progress.connect(self.chat.show_loading)
         bridge.run_started.connect(self.output.run_started)
         bridge.run_started.connect(self.chat.run_started)

@@ -307,7 +307,7 @@ class LoadReporter:
         assert snapshot is not None
         now = time.monotonic()
         if isinstance(event, PipelineLoading):
-            names = ", ".join(f"{stage.stage} ({stage.kind})" for stage in snapshot.stages)
+            names = ", ".join(stage.label for stage in snapshot.stages)
             self._write(f"loading {len(snapshot.stages)} stage(s): {names}")
             self._ticker = threading.Thread(target=self._tick, name="omni-loading", daemon=True)
             self._ticker.start()

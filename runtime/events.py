@@ -97,6 +97,8 @@ class LoadingStage:
     stage: str
     #: What serves it, in words: "vLLM worker", "graph worker", "in process", "remote server".
     kind: str
+    #: What it loads: the model's or the bundle's name ("" when it has none to show).
+    model: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,10 +190,17 @@ class StageProgress:
     #: Seconds it took, once ready or failed.
     elapsed_s: float | None = None
     message: str = ""
+    model: str = ""
 
     @property
     def done(self) -> bool:
         return self.phase in ("ready", "failed")
+
+    @property
+    def label(self) -> str:
+        """``stage-0 · smollm2-135m-instruct (vLLM worker)``: the stage, what it loads, how."""
+        model = f" · {self.model}" if self.model else ""
+        return f"{self.stage}{model} ({self.kind})"
 
     def seconds(self, now: float) -> float:
         return self.elapsed_s if self.elapsed_s is not None else max(0.0, now - self.since)
@@ -199,8 +208,8 @@ class StageProgress:
     def line(self, now: float) -> str:
         """``assistant (vLLM worker): loading… 12 s`` or ``voice (graph worker): ready 0.4 s``."""
         if self.done:
-            return f"{self.stage} ({self.kind}): {self.phase} {_seconds(self.seconds(now))}"
-        return f"{self.stage} ({self.kind}): {self.phase}… {_seconds(self.seconds(now))}"
+            return f"{self.label}: {self.phase} {_seconds(self.seconds(now))}"
+        return f"{self.label}: {self.phase}… {_seconds(self.seconds(now))}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +249,7 @@ class LoadSnapshot:
         waiting = self.waiting_on
         if not waiting:
             return f"loading… {took}"
-        names = ", ".join(f"{s.stage} ({s.kind}) {s.phase}" for s in waiting)
+        names = ", ".join(f"{s.label} {s.phase}" for s in waiting)
         return f"loading: {names}… {took}"
 
 
@@ -262,7 +271,7 @@ class LoadProgress:
         snapshot = self._snapshot
         if isinstance(event, PipelineLoading):
             stages = tuple(
-                StageProgress(stage.stage, stage.kind, "preparing", event.at)
+                StageProgress(stage.stage, stage.kind, "preparing", event.at, model=stage.model)
                 for stage in event.stages
             )
             self._snapshot = LoadSnapshot(event.pipeline, "loading", event.at, stages)

@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.models import InputKind, PipelineInfo, PlanView, RunState
+from app.models import InputKind, LoadView, PipelineInfo, PlanView, RunState
 from app.widgets.common import (
     BAD,
     NEUTRAL,
@@ -219,6 +219,11 @@ class RunPane(QWidget):
         else:
             self.tensor_inputs.show_arrays(info.example_inputs, None)
         self.show_plan(info.plan)
+
+    def show_loading(self, view: LoadView | None) -> None:
+        """The stages' load; a chat pipeline's shows in its conversation view instead."""
+        chat = self.info is not None and self.info.chat
+        self.loading.show_snapshot(None if chat else view)
 
     def show_plan(self, plan: PlanView) -> None:
         if plan.admitted:

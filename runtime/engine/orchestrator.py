@@ -21,6 +21,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runtime.backends.inprocess import INPROCESS_WORKER
@@ -101,11 +102,19 @@ def loading_stages(config: PipelineConfig) -> tuple[LoadingStage, ...]:
     stages = []
     for stage in config.stages:
         backend = stage.backend
+        model: str | None
         if isinstance(backend, LlmBackendConfig):
-            kind = "remote server" if isinstance(backend.route, RemoteLlmRoute) else "vLLM worker"
+            route = backend.route
+            if isinstance(route, RemoteLlmRoute):
+                kind, model = "remote server", route.model
+            else:
+                kind = "vLLM worker"
+                model = backend.model.name if isinstance(backend.model, Path) else backend.model
         else:
             kind = "in process" if backend.route.worker == INPROCESS_WORKER else "graph worker"
-        stages.append(LoadingStage(stage.name, kind))
+            # A bundle is named by its folder (a voice's "acoustic", the demo's "add").
+            model = backend.manifest.parent.name
+        stages.append(LoadingStage(stage.name, kind, model or ""))
     return tuple(stages)
 
 

@@ -336,7 +336,7 @@ def test_a_load_becomes_the_view_of_its_stages() -> None:
         "assistant (vLLM worker): loading… 14 s",
         "voice (graph worker): ready 0.4 s",
     ]
-    assert view.summary(24.5) == "loading assistant loading… 14 s"
+    assert view.summary(24.5) == "loading… 14 s: waiting for assistant (vLLM worker)"
     progress.update(StageReady(stage="assistant", record={}, elapsed_s=20.0, at=30.5))
     progress.update(PipelineReady(pipeline="chat-speak", execution_plan={}, at=30.6))
     assert progress.snapshot is not None

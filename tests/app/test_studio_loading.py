@@ -92,7 +92,7 @@ def test_opening_a_graph_pipeline_loads_its_stages_without_a_run(
     assert "starting worker" in phases
     assert "loading" in phases
     lines = window.run_pane.loading.lines()
-    assert lines[0].startswith(f"{info.stage_names[0]} (graph worker): ready ")
+    assert lines[0].startswith(f"{info.stage_names[0]} · add (graph worker): ready ")
     assert window.run_pane.loading.isVisible()
     assert "loaded in" in window.run_pane.loading.summary.text()
     assert window.bridge.ledger.snapshot().reservations  # the stages hold their memory

@@ -174,3 +174,49 @@ stages:
         assert_real_capture(out / name)
     # The conversations were saved in the user data folder the window was given.
     assert len(list((data / "conversations").glob("*.json"))) == 3
+
+
+LOADING_SCRIPT = Path(__file__).with_name("loading_screenshots.py")
+
+
+# Slow: the built-in assistant's worker loads (a minute on two busy cores); `make screenshots`.
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.timeout(1200)
+def test_screenshot_of_the_conversation_view_while_the_model_loads(
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    vllm_env: EnvInfo,
+    smollm2_model: Path,
+) -> None:
+    """chat-speak opened: its stages load at once, each with its phase and seconds, and a
+    message sent meanwhile waits for them, then is answered."""
+    out = Path(os.environ.get("OMNI_EDGE_SCREENSHOTS", tmp_path / "screenshots"))
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "envs").symlink_to(vllm_env.path.parent, target_is_directory=True)
+    (data / "models").symlink_to(smollm2_model.parent, target_is_directory=True)
+    voices = export_once(tmp_path_factory).data_dir / "voices"
+    (data / "voices").symlink_to(voices, target_is_directory=True)
+    xvfb, display = _start_xvfb()
+    try:
+        environment = {
+            **os.environ,
+            "DISPLAY": display,
+            "QT_QPA_PLATFORM": "xcb",
+            "OMNI_EDGE_DATA_DIR": str(data),
+        }
+        result = subprocess.run(
+            [sys.executable, str(LOADING_SCRIPT), str(out), str(CHAT_SPEAK)],
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=1000,
+            check=False,
+        )
+    finally:
+        xvfb.terminate()
+        xvfb.wait(10)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.split() == ["chat-view-loading.png"]
+    assert_real_capture(out / "chat-view-loading.png")

@@ -41,8 +41,8 @@ def test_run_json_keeps_stdout_for_json_and_says_what_loads_on_stderr(
     summary = json.loads(captured.out)  # nothing but the JSON document
     assert summary["pipeline"] == "demo_add"
     lines = _lines(captured.err)
-    assert lines[0] == "omni-edge: loading 1 stage(s): stage-0 (graph worker)"
-    assert lines[1].startswith("omni-edge: loading: stage-0 (graph worker): ready ")
+    assert lines[0] == "omni-edge: loading 1 stage(s): stage-0 · add (graph worker)"
+    assert lines[1].startswith("omni-edge: loading: stage-0 · add (graph worker): ready ")
     assert lines[2].startswith("omni-edge: 1 stage(s) loaded in ")
 
 

@@ -70,7 +70,7 @@ def test_a_start_publishes_each_stage_phase_with_its_time(
     assert snapshot.elapsed_s is not None
     assert snapshot.elapsed_s >= max(e.elapsed_s for e in ready)
     line = snapshot.stages[0].line(0.0)
-    assert line.startswith(f"{stages[0]} (graph worker): ready ")
+    assert line.startswith(f"{stages[0]} · acoustic (graph worker): ready ")
     assert line.endswith(" s")
     assert snapshot.summary(0.0).startswith(f"{len(stages)} stage(s) loaded in ")
 
@@ -132,7 +132,10 @@ def test_cancel_start_before_start_raises_at_once(demo_root: Path, options: dict
 
 def test_load_progress_lines_name_the_phase_and_the_seconds() -> None:
     progress = LoadProgress()
-    stages = (LoadingStage("assistant", "vLLM worker"), LoadingStage("voice", "graph worker"))
+    stages = (
+        LoadingStage("assistant", "vLLM worker", "smollm2"),
+        LoadingStage("voice", "graph worker"),
+    )
     assert progress.update(PipelineLoading(pipeline="p", stages=stages, at=100.0))
     assert progress.update(StageStarting(stage="assistant", route="r", at=101.0))
     assert progress.update(StageStarting(stage="voice", route="r", at=101.0))
@@ -142,19 +145,20 @@ def test_load_progress_lines_name_the_phase_and_the_seconds() -> None:
     snapshot = progress.snapshot
     assert snapshot is not None
     assert snapshot.lines(113.4) == [
-        "assistant (vLLM worker): starting worker… 12 s",
+        "assistant · smollm2 (vLLM worker): starting worker… 12 s",
         "voice (graph worker): ready 0.4 s",
     ]
-    assert snapshot.summary(114.0) == "loading: assistant (vLLM worker) starting worker… 14 s"
+    summary = snapshot.summary(114.0)
+    assert summary == "loading: assistant · smollm2 (vLLM worker) starting worker… 14 s"
     assert progress.update(StageWorkerUp(stage="assistant", pid=2, at=102.0))
     assert progress.snapshot is not None
     assert progress.snapshot.stages[0] == StageProgress(
-        "assistant", "vLLM worker", "loading", since=101.0
+        "assistant", "vLLM worker", "loading", since=101.0, model="smollm2"
     )
     assert progress.update(StageFailed(stage="assistant", message="boom", elapsed_s=3.0, at=104))
     assert progress.update(PipelineLoadFailed(pipeline="p", message="boom", at=104.5))
     assert progress.snapshot is not None
-    assert progress.snapshot.lines(200.0)[0] == "assistant (vLLM worker): failed 3.0 s"
+    assert progress.snapshot.lines(200.0)[0] == "assistant · smollm2 (vLLM worker): failed 3.0 s"
     assert progress.snapshot.summary(200.0) == "loading stopped after 4.5 s: boom"
     # Once ended, later events of that load change nothing.
     assert not progress.update(StageReady(stage="voice", record={}, elapsed_s=1.0))
@@ -162,4 +166,4 @@ def test_load_progress_lines_name_the_phase_and_the_seconds() -> None:
 
 def test_loading_stages_name_what_serves_each_stage(demo_root: Path) -> None:
     config = load_pipeline(demo_root / "pipelines" / "add.yaml")
-    assert loading_stages(config) == (LoadingStage(config.stages[0].name, "graph worker"),)
+    assert loading_stages(config) == (LoadingStage(config.stages[0].name, "graph worker", "add"),)
