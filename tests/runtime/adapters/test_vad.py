@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import textwrap
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -539,3 +540,43 @@ def test_the_pipeline_file_documents_every_option() -> None:
     text = textwrap.dedent(open(PIPELINE, encoding="utf-8").read())
     for name in ("threshold", "min_speech_s", "min_silence_s", "pre_roll_s"):
         assert f"{name}:" in text
+
+
+def test_a_live_chunk_that_is_not_float32_mono_fails_the_request(
+    omni: Omni, sentences: list[np.ndarray]
+) -> None:
+    chunks = [sentences[0][:512], (sentences[0][512:1024] * 32767).astype(np.int16)]
+    with pytest.raises(UsageError, match=r"a live chunk of dtype int16 .* accepted: 1-D float32"):
+        _run(omni, iter(chunks))
+    # The stage stays usable for the next request.
+    events, metrics = _run(omni, {"audio": np.zeros(RATE, np.float32)})
+    assert events == []
+    assert metrics["chunks"] == 32
+
+
+def test_leaving_a_live_request_early_stops_reading_it(
+    omni: Omni, sentences: list[np.ndarray]
+) -> None:
+    clip, _ = layout(0.3, sentences[0], 0.3)
+    taken: list[int] = []
+
+    def endless() -> Iterator[np.ndarray]:
+        position = 0
+        while True:
+            piece = clip[position % clip.size : position % clip.size + 512]
+            taken.append(piece.size)
+            position += 512
+            time.sleep(0.002)
+            yield piece
+
+    outputs = omni.generate(endless())
+    first = event_from_outputs(next(outputs).outputs)
+    assert isinstance(first, SpeechStarted)
+    outputs.close()
+    ended = wait_until(lambda: omni.metrics()["requests"], "the request to end")
+    assert ended[-1]["status"] == "cancelled"
+    read = len(taken)
+    time.sleep(0.2)
+    assert len(taken) <= read + 1, "nothing reads the source once the request ended"
+    # The stage takes the next request.
+    assert _run(omni, {"audio": np.zeros(RATE, np.float32)})[1]["chunks"] == 32

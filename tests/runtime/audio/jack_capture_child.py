@@ -260,6 +260,7 @@ def vad_live() -> dict[str, Any]:
     return {
         "pid": os.getpid(),
         "kinds": [type(event).__name__ for event, _ in arrivals],
+        "xruns": player.xruns,
         "sound_s": list(sound),
         "clip_s": clip.size / CLIP_RATE,
         "play_offset_s": t_play - stream_start,

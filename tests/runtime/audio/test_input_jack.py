@@ -94,8 +94,13 @@ def test_voice_activity_follows_the_input_live(jack_server: JackServer, tmp_path
     with pytest.MonkeyPatch.context() as patch:
         for key, value in environment.items():
             patch.setenv(key, value)
-        result = jack_server.run_scenario("vad_live", timeout_s=90.0, child=CHILD)
-    print(result)
+        # Cycles the server lost (xruns, on a machine busy elsewhere) shift the audio's time:
+        # such a run is tried again, up to three times.
+        for _attempt in range(3):
+            result = jack_server.run_scenario("vad_live", timeout_s=90.0, child=CHILD)
+            print(result)
+            if not result["xruns"]:
+                break
     assert result["kinds"] == ["SpeechStarted", "SpeechEnded"]
     sound_start, sound_end = result["sound_s"]
     # Stream times count from the input's start, a little before the clip began to play.
