@@ -160,6 +160,25 @@ def _sampling_params(vllm: Any, spec: SamplingSpec) -> Any:
     )
 
 
+def _cpu_threads(vllm_config: Any) -> int | None:
+    """The threads a CPU engine computes with: what vLLM's own CPU executor gives its model
+    worker (the cores of the first NUMA node, one logical CPU per physical core, one kept
+    back), so the loop, the controller and other stages keep a core and torch's threads do
+    not wait on each other for it. None: leave torch's choice (not a CPU engine, threads set
+    by ``OMP_NUM_THREADS``, or vLLM told not to bind)."""
+    platforms = importlib.import_module("vllm.platforms")
+    if not platforms.current_platform.is_cpu() or "OMP_NUM_THREADS" in os.environ:
+        return None
+    try:
+        manager = importlib.import_module("vllm.utils.ompmultiprocessing").OMPProcessManager(
+            vllm_config
+        )
+        cpus = manager.cpu_lists[0] if manager.cpu_lists else []
+    except Exception:  # noqa: BLE001 - no plan from vLLM: torch's own choice stands
+        return None
+    return len(cpus) or None
+
+
 def _engine_id(request_id: str, epoch: int) -> str:
     return f"{request_id}@{epoch}"
 
@@ -217,8 +236,16 @@ class LlmWorker:
             options["kv_cache_memory_bytes"] = args.kv_cache_memory_bytes
         if args.gpu_memory_utilization is not None:
             options["gpu_memory_utilization"] = args.gpu_memory_utilization
-        engine = llm_engine.LLMEngine.from_engine_args(
-            arg_utils.EngineArgs(**options), enable_multiprocessing=False
+        vllm_config = arg_utils.EngineArgs(**options).create_engine_config()
+        threads = _cpu_threads(vllm_config)
+        if threads is not None:
+            importlib.import_module("torch").set_num_threads(threads)
+        executor = importlib.import_module("vllm.v1.executor").Executor
+        engine = llm_engine.LLMEngine(
+            vllm_config=vllm_config,
+            executor_class=executor.get_class(vllm_config),
+            log_stats=False,
+            multiprocess_mode=False,
         )
         self._vllm = vllm
         self._engine = engine

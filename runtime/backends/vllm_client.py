@@ -151,7 +151,7 @@ class VllmTimeouts:
     """Deadlines of the vLLM client, in seconds."""
 
     hello_s: float = 60.0
-    #: Building the engine imports torch and vLLM in three processes: slow on a busy CPU.
+    #: Building the engine imports torch and vLLM and loads the model: slow on a busy CPU.
     load_s: float = 600.0
     #: The stated bound for an aborted request to leave the engine (its slot is then free).
     abort_s: float = 5.0

@@ -32,8 +32,8 @@ ENGINE_ARGS = EngineArgs(
 #: What the stage reserves: the tiny model's worker tree holds about 1.5 GiB.
 DEMAND = 3 * GiB
 CAPACITY = 8 * GiB
-#: How long building an engine may take on a busy two-core machine (three processes
-#: import torch and vLLM).
+#: How long building an engine may take on a busy two-core machine (the worker imports
+#: torch and vLLM and loads the model).
 START_TIMEOUT_S = 600
 
 
