@@ -31,6 +31,11 @@ MiB: Final = float(1 << 20)
 CHILD_TIMEOUT_S: Final = 900.0
 
 
+#: Demos whose memory figure another benchmark measures: chat-speak's language-model worker
+#: tree against vLLM's one-process ``LLM`` (:mod:`benchmarks.llm_cold`).
+MEASURED_ELSEWHERE: Final = frozenset({"chat-speak"})
+
+
 def demos() -> list[tuple[FigureSpec, Path]]:
     """One figure per bundled demo pipeline, with the pipeline it measures."""
     return [
@@ -44,6 +49,7 @@ def demos() -> list[tuple[FigureSpec, Path]]:
             path,
         )
         for path in sorted(graphs.DEMO_PIPELINES.glob("*.yaml"))
+        if path.stem not in MEASURED_ELSEWHERE
     ]
 
 

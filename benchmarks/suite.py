@@ -31,6 +31,7 @@ from benchmarks import (
     graph_overhead,
     handoff,
     ledger_ops,
+    llm_cold,
     memory,
     serve_load,
     speech_figures,
@@ -63,7 +64,7 @@ README: Final = PROJECT_ROOT / "README.md"
 JSON_NAME: Final = "latest.json"
 MARKDOWN_NAME: Final = "latest.md"
 #: Benchmarks whose pipelines need the exported speech voice.
-NEEDS_VOICE: Final = frozenset({"speech", "studio", "memory", "serve"})
+NEEDS_VOICE: Final = frozenset({"speech", "studio", "memory", "serve", "llm_cold"})
 
 
 def all_benchmarks() -> list[Benchmark]:
@@ -75,6 +76,7 @@ def all_benchmarks() -> list[Benchmark]:
         ledger_ops.BENCHMARK,
         speech_figures.BENCHMARK,
         vllm_figures.BENCHMARK,
+        llm_cold.BENCHMARK,
         studio_figures.BENCHMARK,
         serve_load.BENCHMARK,
         memory.benchmark(),

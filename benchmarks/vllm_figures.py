@@ -7,8 +7,9 @@ prompt, greedy sampling, a fixed number of tokens with ``ignore_eos``), so a cha
 machine's load lands on both sides alike; each request starts :data:`SETTLE_S` after the
 previous one ended. Our side is
 :func:`runtime.backends.vllm_client.start_vllm_stage` (worker process, framed channel,
-streamed deltas); the baseline is ``AsyncLLM`` in one long-lived process
-(:mod:`benchmarks.vllm_direct`) serving one request per line of its stdin. Times are taken
+streamed deltas, vLLM's synchronous engine stepped in the worker's process); the baseline
+is ``AsyncLLM`` in one long-lived process (:mod:`benchmarks.vllm_direct`, with vLLM's
+engine-core and model-worker processes) serving one request per line of its stdin. Times are taken
 where the caller sees each output. tokens/s = generated tokens / (last output - submit).
 
 Needs ``omni-edge env create vllm-cpu``; the tiny model is built on first use.
@@ -59,12 +60,12 @@ ENV_NAME: Final = "vllm-cpu"
 PROMPT: Final = "The teacher and the farmer walked to the market because"
 GiB: Final = 1 << 30
 MiB: Final = 1 << 20
-#: Building an engine imports torch and vLLM in several processes: slow on a busy machine.
+#: Building an engine imports torch and vLLM (the baseline in three processes): slow here.
 ENGINE_TIMEOUT_S: Final = 900.0
 #: The longest one request may take on either side.
 REQUEST_TIMEOUT_S: Final = 300.0
 DIRECT_SCRIPT: Final = Path(__file__).resolve().parent / "vllm_direct.py"
-#: The pause before each request. vLLM's model-worker process keeps polling its
+#: The pause before each request. The baseline's model-worker process keeps polling its
 #: shared-memory queue in a busy loop for 1 s after its last step; without the pause, the
 #: engine that just finished spins on one of the cores the other side's request needs.
 SETTLE_S: Final = 1.5
@@ -355,11 +356,11 @@ def figures_of(run: Run, max_tokens: int) -> list[Figure]:
         "direct_min_tokens_s": rounded(min(direct.rate.values)),
     }
     path = (
-        "is written by the worker (which holds AsyncLLM as the direct process does) to its "
+        "is written by the worker (which steps vLLM's engine in its own process) to its "
         "stdout pipe as a frame and decoded on the controller's event loop (which watches the "
         "pipe itself on POSIX; on Windows a reader thread hands frames to it) before the "
-        "caller's stream yields it: one more process than the baseline, sharing the cores "
-        "with vLLM's engine core and model worker"
+        "caller's stream yields it: one more hop than the baseline's AsyncLLM, whose "
+        "outputs come from its engine-core process"
     )
     ttft_note = ""
     if TTFT.goal.check(ms(ours.ttft.p50), ms(direct.ttft.p50)) is False:

@@ -215,6 +215,8 @@ def test_the_suite_declares_every_figure_of_the_issue() -> None:
         "speech.rtf",
         "vllm.ttft",
         "vllm.tokens_per_s",
+        "llm.cold_start",
+        "memory.chat_speak",
         "studio.stall_p99",
         "studio.real_time_factor",
         "serve.latency_p50",
