@@ -5,7 +5,8 @@ end, a centred STFT (400-point periodic Hann window, hop 160, reflect padding) o
 last frame is dropped, the power spectrum through Slaney-scaled mel filters, ``log10`` clipped
 at 1e-10, floored at the maximum less 8 and scaled as ``(x + 4) / 4``. The maximum is taken
 over the whole audio, so windows cut from one call's features agree with faster-whisper's.
-Each 30 s window (3,000 frames) is the features' slice, zero-padded after normalising.
+Each 30 s window (3,000 frames) is the features' slice, zero-padded after normalising. The spectrum is computed a block of frames at a time, so a long file needs the
+memory of its features (32 KB a second) and one block, not of its whole spectrum.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Final
 import numpy as np
 
 __all__ = [
+    "BLOCK_FRAMES",
     "FRAMES_PER_WINDOW",
     "HOP_LENGTH",
     "N_FFT",
@@ -30,6 +32,8 @@ N_FFT: Final = 400
 HOP_LENGTH: Final = 160
 #: Frames of one 30 s window.
 FRAMES_PER_WINDOW: Final = 3000
+#: Frames whose spectrum :func:`log_mel` computes at once (a minute of audio).
+BLOCK_FRAMES: Final = 6000
 _PADDING: Final = 160
 
 
@@ -57,9 +61,13 @@ def mel_filters(n_mels: int = 80) -> np.ndarray:
     return filters
 
 
-def log_mel(audio: np.ndarray, n_mels: int = 80) -> np.ndarray:
+def log_mel(audio: np.ndarray, n_mels: int = 80, *, block_frames: int = BLOCK_FRAMES) -> np.ndarray:
     """The log-mel features ``[n_mels, frames]`` (float32) of 16 kHz mono audio (see the
-    module); ``frames`` is ``len(audio) // 160 + 1``."""
+    module); ``frames`` is ``len(audio) // 160 + 1``.
+
+    The spectrum is computed ``block_frames`` frames at a time into the result, so the memory
+    beside the audio and the features stays that of one block whatever the audio's length;
+    every frame's value is the one a single pass over the whole audio gives."""
     waveform = np.pad(np.asarray(audio, dtype=np.float32).reshape(-1), (0, _PADDING))
     window = np.hanning(N_FFT + 1)[:-1].astype(np.float32)
     half = N_FFT // 2
@@ -68,12 +76,18 @@ def log_mel(audio: np.ndarray, n_mels: int = 80) -> np.ndarray:
     frames = np.lib.stride_tricks.as_strided(
         padded, (count, N_FFT), (HOP_LENGTH * padded.strides[0], padded.strides[0])
     )
-    stft = np.fft.rfft(frames * window, n=N_FFT, axis=-1).T.astype(np.complex64)
-    magnitudes = np.abs(stft[:, :-1]) ** 2
-    mel = mel_filters(n_mels) @ magnitudes
-    log_spec = np.log10(np.clip(mel, a_min=1e-10, a_max=None))
-    log_spec = np.maximum(log_spec, log_spec.max() - 8.0)
-    return np.asarray((log_spec + 4.0) / 4.0, dtype=np.float32)
+    # The last STFT frame is dropped, as faster-whisper drops it.
+    features = np.empty((n_mels, count - 1), dtype=np.float32)
+    filters = mel_filters(n_mels)
+    for start in range(0, count - 1, max(1, block_frames)):
+        end = min(start + block_frames, count - 1)
+        stft = np.fft.rfft(frames[start:end] * window, n=N_FFT, axis=-1).T.astype(np.complex64)
+        magnitudes = np.abs(stft) ** 2
+        features[:, start:end] = np.log10(np.clip(filters @ magnitudes, a_min=1e-10, a_max=None))
+    np.maximum(features, features.max() - 8.0, out=features)
+    features += 4.0
+    features /= 4.0
+    return features
 
 
 def window_features(features: np.ndarray, start: int, size: int) -> np.ndarray:
