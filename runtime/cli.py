@@ -512,6 +512,32 @@ def _run_text(
     return EXIT_OK
 
 
+def cmd_bundle_export_vad(args: argparse.Namespace) -> int:
+    from .adapters.vad_bundle import default_vad_dir, ensure_vad_bundle
+
+    out = Path(args.out) if args.out else default_vad_dir()
+    made: list[str] = []
+
+    def progress(line: str) -> None:
+        made.append(line)
+        _progress(line)
+
+    bundle = ensure_vad_bundle(out, progress=progress)
+    if args.json:
+        summary = {
+            "root": str(bundle.root),
+            "made": bool(made),
+            "manifest": str(bundle.manifest_path),
+            "identity": bundle.identity,
+            "checkpoint_revision": bundle.manifest.metadata.get("checkpoint_revision"),
+        }
+        _print_json(summary)
+    else:
+        state = "made" if made else "already present and verified"
+        print(f"voice activity bundle {state} at {bundle.root}")
+    return EXIT_OK
+
+
 def cmd_bundle_export_voice(args: argparse.Namespace) -> int:
     from .adapters.voice_export import default_voice_dir, ensure_voice_bundles, export_voice
 
@@ -812,6 +838,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     create.add_argument("--json", action="store_true", help="print the bundle as JSON")
     create.set_defaults(handler=cmd_bundle_create)
+    export_vad = bundle_commands.add_parser(
+        "export-vad",
+        help="bundle Silero VAD from the installed silero-vad wheel (once; verified after)",
+    )
+    export_vad.add_argument("--out", help="bundle directory (default: <user data>/vad/silero)")
+    export_vad.add_argument("--json", action="store_true", help="print a JSON summary")
+    export_vad.set_defaults(handler=cmd_bundle_export_vad)
     export_voice = bundle_commands.add_parser(
         "export-voice",
         help="cut an installed Piper voice into acoustic and decoder bundles (validated)",

@@ -583,3 +583,20 @@ def test_leaving_a_live_request_early_stops_reading_it(
     assert len(taken) <= read + 1, "nothing reads the source once the request ended"
     # The stage takes the next request.
     assert _run(omni, {"audio": np.zeros(RATE, np.float32)})[1]["chunks"] == 32
+
+
+def test_the_bundle_command_makes_it_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from runtime.cli import main
+
+    out = tmp_path / "vad"
+    assert main(["bundle", "export-vad", "--out", str(out), "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["made"] is True
+    assert first["manifest"] == str(out / "manifest.json")
+    assert first["checkpoint_revision"] == find_vad_model().revision
+    assert main(["bundle", "export-vad", "--out", str(out)]) == 0
+    assert "already present and verified" in capsys.readouterr().out
