@@ -71,9 +71,11 @@ bytecode: $(STAMP)
 	$(PY) -m compileall -q runtime workers
 
 # The speech demo's voice bundles, exported once into the user data directory (about 20 s);
-# when bundles of the installed voice already verify there, this only checks them.
+# when bundles of the installed voice already verify there, this only checks them. The voice
+# activity bundle (Silero VAD from its wheel) likewise.
 voice: $(STAMP)
 	$(BIN)/omni-edge bundle export-voice --if-missing
+	$(BIN)/omni-edge bundle export-vad
 
 system-deps:
 	@sh packaging/system-deps.sh
