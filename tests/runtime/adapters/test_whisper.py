@@ -418,6 +418,27 @@ def test_long_audio_goes_in_windows_with_the_previous_text(
     assert text == ref_text
 
 
+def test_silence_noise_and_late_speech_match_faster_whisper(config: PipelineConfig) -> None:
+    """Windows the model calls silence are skipped (no segment), as faster-whisper skips them;
+    speech that starts just before a window ends is transcribed across the boundary."""
+    rng = np.random.default_rng(1)
+    late = np.concatenate([np.zeros(16000 * 29, np.float32), spoken_clip(SENTENCES[0])])
+    clips = [
+        np.zeros(16000 * 5, np.float32),
+        (rng.standard_normal(16000 * 4) * 0.05).astype(np.float32),
+        late,
+    ]
+    theirs = reference_transcripts(clips)
+    ours = pipeline_transcripts(config, clips)
+    for (tokens, text, _), (ref_tokens, ref_text) in zip(ours, theirs, strict=True):
+        assert tokens == ref_tokens
+        assert text == ref_text
+    assert ours[0][1] == ""
+    assert ours[0][2]["segments"] == []
+    assert ours[0][2]["windows"] == 1
+    assert ours[2][2]["windows"] == 2
+
+
 def test_cancel_mid_window_stops_and_leaves_nothing(
     config: PipelineConfig, long_clip: np.ndarray
 ) -> None:
