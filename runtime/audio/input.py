@@ -149,6 +149,10 @@ class _Capture:
         if status and status.input_overflow:
             self.device_overflows += 1
         block = indata.copy()
+        # A device (or a driver's stale buffer) may hand over NaN, infinity or values past
+        # full scale: the audio is kept finite and within [-1, 1] from here on.
+        np.nan_to_num(block, copy=False, nan=0.0, posinf=1.0, neginf=-1.0)
+        np.clip(block, -1.0, 1.0, out=block)
         self.frames += frames
         self.blocks += 1
         if frames:
