@@ -565,6 +565,13 @@ class VadAdapter:
             isinstance(request_input, Iterable)
             and not isinstance(request_input, (str, bytes, np.ndarray))
         ):
+            # A source that says its rate (runtime.audio.AudioInput does) must say 16 kHz.
+            rate = getattr(request_input, "sample_rate", SAMPLE_RATE)
+            if rate != SAMPLE_RATE:
+                raise UsageError(
+                    f"{where}: the live source delivers {rate!r} Hz; accepted: {SAMPLE_RATE} Hz "
+                    "(e.g. AudioInput(sample_rate=16000), its default)"
+                )
             return _Live(request_input)
         raise UsageError(
             f"{where}: a request of type {type(request_input).__name__} is not audio; "

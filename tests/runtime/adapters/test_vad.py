@@ -509,6 +509,12 @@ def test_a_live_source_is_read_as_it_arrives(
     assert "probabilities" not in metrics, "a live stream keeps no per-chunk record"
 
 
+class _Source44k(list[np.ndarray]):
+    """A live source that says it runs at 44.1 kHz."""
+
+    sample_rate = 44100
+
+
 @pytest.mark.parametrize(
     ("request_input", "message"),
     [
@@ -518,6 +524,7 @@ def test_a_live_source_is_read_as_it_arrives(
         ({"audio": np.zeros(100, np.float32), "sample_rate": 0}, "sample_rate 0"),
         ({"audio": np.array(["a", "b"])}, "are not audio"),
         ({"audio": np.full(100, np.nan, np.float32)}, "NaN"),
+        (_Source44k(), "delivers 44100 Hz; accepted: 16000 Hz"),
     ],
 )
 def test_bad_requests_are_refused(data_dir: Path, request_input: Any, message: str) -> None:
