@@ -32,7 +32,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -46,7 +46,7 @@ from benchmarks.rss import peak_rss_bytes
 from benchmarks.stats import Samples, rounded
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from benchmarks.figures import Detail, Figure
 
@@ -89,6 +89,8 @@ class Cold:
     peak_rss_bytes: int
     processes: int
     text: str
+    #: Where the time went, as the side itself reports it (seconds).
+    phases: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,7 +290,26 @@ def run_ours(workdir: Path) -> Cold:
     )
     if processes == 0:
         raise ChildFailed(f"no process running {WORKER_MODULE} was seen during the run")
-    return Cold(first_s, peak, processes, stdout.decode("utf-8", "replace").strip())
+    text = stdout.decode("utf-8", "replace").strip()
+    return Cold(first_s, peak, processes, text, run_phases(out))
+
+
+def run_phases(out: Path) -> dict[str, float]:
+    """The language-model stage's load and the request's first token, from the run's files."""
+    phases: dict[str, float] = {}
+    try:
+        plan = json.loads((out / "execution_plan.json").read_text(encoding="utf-8"))
+        metrics = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return phases
+    for stage in plan.get("stages", []):
+        if stage.get("backend") == "native.vllm.v1" and isinstance(stage.get("load_s"), float):
+            phases["llm_stage_load_s"] = stage["load_s"]
+    for request in metrics.get("requests", []):
+        program = request.get("program") or {}
+        if isinstance(program.get("time_to_first_token_s"), float):
+            phases["request_first_token_s"] = program["time_to_first_token_s"]
+    return phases
 
 
 def run_baseline(prepared: Prepared, workdir: Path) -> Cold:
@@ -336,7 +357,12 @@ def run_baseline(prepared: Prepared, workdir: Path) -> Cold:
         raise ChildFailed("the one-process baseline printed no 'done' line")
     reported = done.get("peak_rss_bytes")
     peak = max(sampled, reported if isinstance(reported, int) else 0)
-    return Cold(first_s, peak, processes, str(done.get("text", "")))
+    phases = {
+        name: float(done[name])
+        for name in ("import_s", "load_s", "first_token_s")
+        if isinstance(done.get(name), float)
+    }
+    return Cold(first_s, peak, processes, str(done.get("text", "")), phases)
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,6 +405,11 @@ def figures_of(rounds: Rounds) -> list[Figure]:
         "ours_s": [rounded(cold.first_token_s) for cold in rounds.ours],
         "baseline_s": [rounded(cold.first_token_s) for cold in rounds.baseline],
     }
+    for side, colds in (("ours", rounds.ours), ("baseline", rounds.baseline)):
+        for name in sorted({name for cold in colds for name in cold.phases}):
+            cold_details[f"{side}_{name}"] = [
+                rounded(cold.phases[name]) if name in cold.phases else None for cold in colds
+            ]
     memory_details: dict[str, Detail] = {
         **common,
         "ours_mib": [rounded(cold.peak_rss_bytes / MiB) for cold in rounds.ours],

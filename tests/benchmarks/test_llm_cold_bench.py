@@ -3,6 +3,7 @@ sampler on a real process tree, its named skip, and one real round on real vLLM.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -23,7 +24,9 @@ MiB = 1 << 20
 
 
 def _cold(seconds: float, mib: float, processes: int = 1) -> Cold:
-    return Cold(seconds, int(mib * MiB), processes, "The capital of France is Paris.")
+    return Cold(
+        seconds, int(mib * MiB), processes, "The capital of France is Paris.", {"load_s": 5.0}
+    )
 
 
 def test_figures_set_the_run_against_the_one_process_llm() -> None:
@@ -40,6 +43,7 @@ def test_figures_set_the_run_against_the_one_process_llm() -> None:
     assert "2.5 s more" in cold.note
     assert cold.details["ours_s"] == [12.0, 14.0, 13.0]
     assert cold.details["worker_processes"] == [1, 1, 1]
+    assert cold.details["ours_load_s"] == [5.0, 5.0, 5.0]
     assert memory.key == "memory.chat_speak"
     assert memory.measurement == pytest.approx(1720.0)
     assert memory.baseline == pytest.approx(1800.0)
@@ -52,6 +56,23 @@ def test_figures_set_the_run_against_the_one_process_llm() -> None:
     assert memory.status is Status.FAIL
     assert "1050 MiB more" in memory.note
     assert "3 process(es)" in memory.note
+
+
+def test_the_runs_own_files_say_where_its_time_went(tmp_path: Path) -> None:
+    assert llm_cold.run_phases(tmp_path) == {}  # no files: no phases, no error
+    plan = {
+        "stages": [
+            {"stage": "stage-0", "backend": "native.vllm.v1", "load_s": 9.5},
+            {"stage": "stage-1", "backend": "external.graph.v1", "load_s": 0.7},
+        ]
+    }
+    metrics = {"requests": [{"program": {"time_to_first_token_s": 0.25}}]}
+    (tmp_path / "execution_plan.json").write_text(json.dumps(plan), encoding="utf-8")
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics), encoding="utf-8")
+    assert llm_cold.run_phases(tmp_path) == {
+        "llm_stage_load_s": 9.5,
+        "request_first_token_s": 0.25,
+    }
 
 
 def test_the_first_token_is_read_where_each_side_writes_it() -> None:
@@ -144,6 +165,8 @@ def test_one_round_on_real_vllm_answers_alike_from_one_worker_process(
         assert side.peak_rss_bytes > 256 * MiB
     # The same engine, prompt and greedy sampling: the same reply.
     assert ours.text == baseline.text.strip()
+    assert ours.phases["llm_stage_load_s"] > 0
+    assert 0 < baseline.phases["load_s"] < baseline.first_token_s
     assert "Paris" in ours.text
 
 
