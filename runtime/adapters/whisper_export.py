@@ -71,6 +71,7 @@ __all__ = [
     "missing_recognisers",
     "read_whisper_bundles",
     "spoken_clip",
+    "spoken_clips",
 ]
 
 #: Version of the bundle layout this module writes; bundles of another format are re-exported.
@@ -318,9 +319,10 @@ def read_whisper_bundles(
 # -- validation --------------------------------------------------------------------------
 
 
-def spoken_clip(text: str) -> np.ndarray:
-    """``text`` spoken by the bundled voice in this process (Piper, noise 0, so the same text
-    gives the same samples), resampled to 16 kHz mono float32 with soxr."""
+def spoken_clips(texts: Sequence[str]) -> list[np.ndarray]:
+    """Each text spoken by the bundled voice in this process (Piper, noise 0, so the same text
+    gives the same samples), resampled to 16 kHz mono float32 with soxr. The voice is loaded
+    once per call and let go after it."""
     import soxr
     from piper import PiperVoice
     from piper.config import SynthesisConfig
@@ -328,21 +330,20 @@ def spoken_clip(text: str) -> np.ndarray:
     from runtime.adapters.voice_export import find_voice
 
     installed = find_voice("joe")
-    voice = _piper_voice(installed.model_path, installed.config_path, PiperVoice)
-    chunks = list(voice.synthesize(text, SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)))
-    audio = np.concatenate([chunk.audio_float_array for chunk in chunks]).astype(np.float32)
-    rate = chunks[0].sample_rate
-    return np.asarray(soxr.resample(audio, rate, SAMPLE_RATE), dtype=np.float32)
+    voice = PiperVoice.load(installed.model_path, installed.config_path)
+    settings = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
+    clips = []
+    for text in texts:
+        chunks = list(voice.synthesize(text, settings))
+        audio = np.concatenate([chunk.audio_float_array for chunk in chunks]).astype(np.float32)
+        resampled = soxr.resample(audio, chunks[0].sample_rate, SAMPLE_RATE)
+        clips.append(np.asarray(resampled, dtype=np.float32))
+    return clips
 
 
-_VOICES: dict[Path, Any] = {}
-
-
-def _piper_voice(model: Path, config: Path, factory: Any) -> Any:
-    found = _VOICES.get(model)
-    if found is None:
-        found = _VOICES[model] = factory.load(model, config)
-    return found
+def spoken_clip(text: str) -> np.ndarray:
+    """:func:`spoken_clips` of one text."""
+    return spoken_clips([text])[0]
 
 
 def _session(path: Path) -> ort.InferenceSession:
@@ -501,7 +502,7 @@ def _export(
         onnx.save(build_decoder(model, dims), decoder_path)
         step("wrote the encoder and decoder graphs (float32)")
         encoder, decoder = _session(encoder_path), _session(decoder_path)
-        clips = [(text, spoken_clip(text)) for text in VALIDATION_SENTENCES]
+        clips = list(zip(VALIDATION_SENTENCES, spoken_clips(VALIDATION_SENTENCES), strict=True))
         validation = _validate(model, dims, rules, vocabulary, encoder, decoder, clips)
         step(
             f"validated against the NumPy reference: logits within "
