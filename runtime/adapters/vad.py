@@ -74,6 +74,9 @@ OPTION_NAMES: Final = ("threshold", "neg_threshold", "min_speech_s", "min_silenc
 DEFAULT_THRESHOLD: Final = 0.5
 #: The release threshold sits this far under the threshold unless given (Silero's own rule).
 RELEASE_GAP: Final = 0.15
+#: Longest wait for a live source's next chunk before the request looks whether it was
+#: cancelled (sources with ``read(timeout)``).
+LIVE_WAIT_S: Final = 0.1
 #: Longest duration option accepted, in seconds.
 MAX_DURATION_S: Final = 30.0
 STARTED: Final = "speech_started"
@@ -630,15 +633,27 @@ class VadAdapter:
 async def _read_live(
     source: Iterable[np.ndarray] | AsyncIterable[np.ndarray],
 ) -> AsyncIterable[np.ndarray]:
-    """Chunks of a live source as they arrive; a blocking iterator is read off the loop."""
+    """Chunks of a live source as they arrive; a blocking iterator is read off the loop.
+
+    A source with ``read(timeout)`` (an :class:`runtime.audio.AudioSource`) is read a short
+    wait at a time, an empty chunk between, so a cancelled request never leaves a thread
+    waiting on a device that went quiet."""
     if isinstance(source, AsyncIterable):
         async for chunk in source:
             yield np.asarray(chunk)
         return
-    iterator = iter(source)
+    reader = getattr(source, "read", None)
+    if callable(reader):
 
-    def read() -> np.ndarray | None:
-        return next(iterator, None)
+        def read() -> np.ndarray | None:
+            found: np.ndarray | None = reader(LIVE_WAIT_S)
+            return found
+
+    else:
+        iterator = iter(source)
+
+        def read() -> np.ndarray | None:
+            return next(iterator, None)
 
     while True:
         item = await asyncio.to_thread(read)

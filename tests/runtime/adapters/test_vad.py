@@ -607,3 +607,39 @@ def test_the_bundle_command_makes_it_once(
     assert first["checkpoint_revision"] == find_vad_model().revision
     assert main(["bundle", "export-vad", "--out", str(out)]) == 0
     assert "already present and verified" in capsys.readouterr().out
+
+
+class _QuietSource:
+    """A live source whose device went quiet: ``read`` waits its timeout and returns nothing."""
+
+    sample_rate = 16000
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def read(self, timeout: float | None = None) -> np.ndarray | None:
+        self.reads += 1
+        time.sleep(timeout or 0.0)
+        return np.zeros(0, np.float32)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        raise AssertionError("a source with read(timeout) is read with it")
+
+
+def test_a_cancel_ends_a_request_whose_source_went_quiet(omni: Omni) -> None:
+    import threading
+
+    from runtime.errors import RequestCancelled
+
+    source = _QuietSource()
+    timer = threading.Timer(0.5, omni.cancel, ["quiet"])
+    timer.start()
+    try:
+        with pytest.raises(RequestCancelled):
+            list(omni.generate(source, request_id="quiet"))
+    finally:
+        timer.cancel()
+    assert source.reads >= 3, "the source is read a short wait at a time"
+    read = source.reads
+    time.sleep(0.3)
+    assert source.reads <= read + 1, "nothing reads the source once the request ended"
