@@ -17,8 +17,8 @@ Three layers, each usable alone:
   float32 chunks at 16 kHz, read as they arrive). Each event goes out as it is found (outputs
   ``event``, ``t``, ``sample``, ``detected_at`` and, for a start, ``pcm`` from the pre-roll
   on); the final output's metrics hold the segments, the per-chunk call times (the model's
-run in the worker, and the whole call from the adapter) and, for a clip, every chunk's
-probability.
+  run in the worker, and the whole call from the adapter) and, for a clip, every chunk's
+  probability.
 
 Adapter options (``adapter.options`` in the pipeline file; see :class:`VadSettings`):
 ``threshold`` (0.5), ``neg_threshold`` (threshold - 0.15), ``min_speech_s`` (0.25),
@@ -604,7 +604,12 @@ class VadAdapter:
                 await ctx.emit(event_outputs(event), stage=stage)
 
         if isinstance(prepared, _Clip):
-            await send(await stream.arun(prepared.samples, call, last=True))
+            # Chunk by chunk, so each event goes out as soon as it is found in a long file.
+            samples = prepared.samples
+            for begin in range(0, samples.shape[0], CHUNK_SAMPLES):
+                ctx.check_cancelled()
+                await send(await stream.arun(samples[begin : begin + CHUNK_SAMPLES], call))
+            await send(await stream.arun(np.zeros(0, np.float32), call, last=True))
         else:
             async for chunk in _read_live(prepared.chunks):
                 ctx.check_cancelled()

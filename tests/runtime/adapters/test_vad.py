@@ -643,3 +643,15 @@ def test_a_cancel_ends_a_request_whose_source_went_quiet(omni: Omni) -> None:
     read = source.reads
     time.sleep(0.3)
     assert source.reads <= read + 1, "nothing reads the source once the request ended"
+
+
+def test_a_clips_events_go_out_as_they_are_found(omni: Omni, sentences: list[np.ndarray]) -> None:
+    clip, _ = layout(0.5, sentences[2], 10.0)
+    calls_at_output = []
+    for output in omni.generate({"audio": clip}):
+        calls_at_output.append((output.outputs["event"], len(output.metrics["stages"])))
+    (started, at_start), (ended, at_end), (final, at_final) = calls_at_output
+    assert (started, ended, final) == ("speech_started", "speech_ended", "finished")
+    # Each event left after the chunk that completed it, not after the whole file.
+    assert at_start < at_end < at_final == clip.size // 512 + 1
+    assert at_end < at_final / 2
