@@ -44,6 +44,11 @@ DEATH_BOUND_S = 2.0
 #: How long killed vLLM processes may take to exit before the test calls it a leak.
 LATE_EXIT_BOUND_S = 120.0
 
+#: An idle worker's CPU time over this window stays under the bound (measured: 0.05 s over
+#: 3 s, its threads waking now and then; an engine polled in a loop would take the window).
+IDLE_WINDOW_S = 2.0
+IDLE_CPU_BOUND_S = 0.4
+
 GREEDY = SamplingSpec(max_tokens=64, temperature=0.0, ignore_eos=True, seed=0)
 LONG = SamplingSpec(max_tokens=1800, temperature=0.0, ignore_eos=True)
 SHORT = SamplingSpec(max_tokens=16, temperature=0.0, ignore_eos=True)
@@ -219,6 +224,13 @@ def test_the_worker_is_one_process_and_an_abort_frees_its_request_in_the_engine(
             assert reason == "length"
             assert worker.children(recursive=True) == []
             assert client.pid == worker.pid
+
+            # Idle, the worker waits on its input: it does not step or poll the engine.
+            await asyncio.sleep(0.5)
+            before = sum(worker.cpu_times()[:2])
+            await asyncio.sleep(IDLE_WINDOW_S)
+            idle_cpu_s = sum(worker.cpu_times()[:2]) - before
+            assert idle_cpu_s < IDLE_CPU_BOUND_S, f"{idle_cpu_s:.2f} s of CPU while idle"
         finally:
             await client.close()
         outcome = client.retire_outcome
