@@ -332,10 +332,10 @@ class LlmReadyMessage(LlmMessage):
     """The engine is built and warmed up.
 
     ``max_num_seqs`` and ``max_model_len`` are the engine's effective limits;
-    ``rss_bytes`` is the resident memory of the worker and every process it started
-    (vLLM's engine core among them), ``pss_bytes`` the same with shared pages split between
-    the processes that map them (what the tree really holds); ``engine_args`` are the
-    arguments it was built with.
+    ``rss_bytes`` is the resident memory of the worker and every process it started (vLLM's
+    engine runs in the worker itself, so ``processes`` is 1), ``pss_bytes`` the same with
+    shared pages split between the processes that map them (what the tree really holds);
+    ``engine_args`` are the arguments it was built with.
     """
 
     KIND: ClassVar[str] = "llm_ready"
@@ -400,7 +400,8 @@ class DeltaMessage(LlmMessage):
 
 @dataclass(frozen=True, slots=True)
 class LlmStatsMessage(LlmMessage):
-    """The worker tree's resident memory (see ``llm_ready``) and how many requests it holds."""
+    """The worker tree's resident memory (see ``llm_ready``) and how many requests its engine
+    holds (waiting or running in vLLM's scheduler: an aborted request has left it)."""
 
     KIND: ClassVar[str] = "llm_stats"
 
