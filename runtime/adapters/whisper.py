@@ -9,8 +9,8 @@ normalisation uses the maximum over the whole audio, as faster-whisper does).
 for ``beam_size=1, temperature=0, without_timestamps=True``:
 
 1. one **encoder** call per window (3,000 frames, the last window zero-padded after
-   normalising): log-mel -> every decoder layer's cross-attention keys and values, held in
-   the encoder worker's memory while the window decodes;
+   normalising): log-mel -> each decoder layer's cross-attention keys and values, held in
+   the encoder worker's memory while the window decodes and handed to every decoder call;
 2. one **decoder** call per position: the prompt (the previous windows' text after
    ``<|startofprev|>`` unless ``condition_on_previous_text`` is off, then
    ``<|startoftranscript|><|notimestamps|>``) and then each chosen token, with the key/value
@@ -301,18 +301,17 @@ class TranscribeAdapter:
             encoder_s += encoded.run_s
             windows += 1
             try:
-                cross_kv = encoded.outputs.get("cross_kv")
-                if cross_kv is None:
+                names = bundles.cross_names()
+                cross = {name: encoded.outputs[name] for name in names if name in encoded.outputs}
+                if len(cross) != len(names):
                     raise ModelError(
                         f"{ctx.stage_name(ENCODER_STAGE)} returned {sorted(encoded.outputs)}; "
-                        "expected 'cross_kv'"
+                        f"expected {', '.join(names)}"
                     )
                 prompt = rules.prompt(history if self.options.condition_on_previous_text else ())
                 window = WindowDecode.start(rules, prompt, cache)
                 while True:
-                    step = await ctx.call(
-                        DECODER_STAGE, {**window.step_inputs(), "cross_kv": cross_kv}
-                    )
+                    step = await ctx.call(DECODER_STAGE, {**window.step_inputs(), **cross})
                     steps += 1
                     decoder_s += step.run_s
                     logits = step.outputs.get("logits")

@@ -42,7 +42,7 @@ import onnxruntime as ort
 import runtime
 from runtime.adapters.whisper_ct2 import Ct2Model, WhisperConvertError, WhisperDims, read_ct2_model
 from runtime.adapters.whisper_decode import DecodeRules, Vocabulary, WindowDecode
-from runtime.adapters.whisper_graphs import build_decoder, build_encoder
+from runtime.adapters.whisper_graphs import build_decoder, build_encoder, cross_names
 from runtime.adapters.whisper_mel import FRAMES_PER_WINDOW, SAMPLE_RATE, log_mel, window_features
 from runtime.adapters.whisper_reference import reference_cross_kv, reference_logits
 from runtime.artifacts import VerifiedBundle, create_bundle, sha256_file, verify_bundle
@@ -75,7 +75,8 @@ __all__ = [
 ]
 
 #: Version of the bundle layout this module writes; bundles of another format are re-exported.
-EXPORT_FORMAT: Final = 1
+#: 2: each decoder layer's cross keys (transposed) and values are tensors of their own.
+EXPORT_FORMAT: Final = 2
 #: Largest accepted difference of the encoder's cross keys/values from the NumPy reference
 #: (measured: about 1.2e-4 on values up to 6).
 MAX_CROSS_KV_ERROR: Final = 2e-3
@@ -234,6 +235,10 @@ class WhisperBundles:
     checkpoint_revision: str
     validation: Mapping[str, Any]
 
+    def cross_names(self) -> tuple[str, ...]:
+        """The encoder's outputs, which are the decoder's cross-attention inputs."""
+        return tuple(name for layer in range(self.layers) for name in cross_names(layer))
+
     def cache(self) -> np.ndarray:
         """A zeroed key/value cache for one window: ``[448, L, 2, H, D]`` float32."""
         return np.zeros(
@@ -352,6 +357,15 @@ def _session(path: Path) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
+def _stack_cross(cross: Mapping[str, np.ndarray], layers: int) -> np.ndarray:
+    """The encoder's per-layer outputs as one ``[L, 2, H, T, D]`` array (the reference's)."""
+    rows = []
+    for layer in range(layers):
+        key_name, value_name = cross_names(layer)
+        rows.append(np.stack([cross[key_name].transpose(0, 2, 1), cross[value_name]]))
+    return np.stack(rows)
+
+
 def _validate(
     model: Ct2Model,
     dims: WhisperDims,
@@ -365,7 +379,14 @@ def _validate(
     for text, audio in clips:
         features = log_mel(audio, dims.n_mels)
         mel = window_features(features, 0, min(FRAMES_PER_WINDOW, features.shape[1] - 1))
-        cross_kv = np.asarray(encoder.run(["cross_kv"], {"mel": mel})[0])
+        cross = dict(
+            zip(
+                [name for layer in range(dims.decoder_layers) for name in cross_names(layer)],
+                (np.asarray(value) for value in encoder.run(None, {"mel": mel})),
+                strict=True,
+            )
+        )
+        cross_kv = _stack_cross(cross, dims.decoder_layers)
         kv_error = float(np.max(np.abs(cross_kv - reference_cross_kv(model, dims, mel))))
         window = WindowDecode.start(
             rules,
@@ -376,7 +397,7 @@ def _validate(
         )
         logits: list[np.ndarray] = []
         while True:
-            inputs = {**window.step_inputs(), "cross_kv": cross_kv}
+            inputs = {**window.step_inputs(), **cross}
             step_logits, new_kv = decoder.run(["logits", "new_kv"], inputs)
             logits.append(np.asarray(step_logits).reshape(-1))
             if window.feed(np.asarray(step_logits), np.asarray(new_kv)):
@@ -512,7 +533,13 @@ def _export(
         features = log_mel(clips[0][1], dims.n_mels)
         mel = window_features(features, 0, min(FRAMES_PER_WINDOW, features.shape[1] - 1))
         positions = dims.audio_positions
-        cross_shape = (dims.decoder_layers, 2, dims.heads, positions, dims.head_dim)
+        key_shape = (dims.heads, dims.head_dim, positions)
+        value_shape = (dims.heads, positions, dims.head_dim)
+        cross_shapes = {
+            name: shape
+            for layer in range(dims.decoder_layers)
+            for name, shape in zip(cross_names(layer), (key_shape, value_shape), strict=True)
+        }
         row_shape = (dims.decoder_layers, 2, dims.heads, dims.head_dim)
         _save_arrays(work / "encoder_inputs.npz", {"mel": mel})
         _save_arrays(
@@ -520,7 +547,7 @@ def _export(
             {
                 "tokens": np.array([[rules.sot]], dtype=np.int64),
                 "self_kv": np.zeros((_FIRST_POSITIONS, *row_shape), np.float32),
-                "cross_kv": np.zeros(cross_shape, np.float32),
+                **{name: np.zeros(shape, np.float32) for name, shape in cross_shapes.items()},
             },
         )
         validation["export_s"] = round(time.perf_counter() - started, 2)
@@ -539,8 +566,9 @@ def _export(
             "role": "encoder",
             "layout": (
                 f"mel float32[1,{dims.n_mels},{FRAMES_PER_WINDOW}] (a 30 s window of log-mel "
-                f"frames) -> cross_kv float32{list(cross_shape)} (every decoder layer's "
-                "cross-attention keys and values)"
+                f"frames) -> cross_k_<l> float32{list(key_shape)} and cross_v_<l> float32"
+                f"{list(value_shape)} for each decoder layer l (its cross-attention keys, "
+                "transposed, and values)"
             ),
         }
         decoder_meta: dict[str, Any] = {
@@ -548,8 +576,8 @@ def _export(
             "role": "decoder",
             "layout": (
                 f"tokens int64[1,1], self_kv float32[S,{','.join(map(str, row_shape))}] "
-                "(positions 0..S-2 and a placeholder row), cross_kv float32"
-                f"{list(cross_shape)} -> logits float32[1,{dims.vocab}], new_kv float32"
+                "(positions 0..S-2 and a placeholder row), cross_k_<l> and cross_v_<l> as the "
+                f"encoder gives them -> logits float32[1,{dims.vocab}], new_kv float32"
                 f"[1,{','.join(map(str, row_shape))}] (position S-1); S from 1 to "
                 f"{dims.text_positions} (sized_axis)"
             ),
@@ -558,7 +586,7 @@ def _export(
                 {
                     "tokens": [1, 1],
                     "self_kv": [size, *row_shape],
-                    "cross_kv": list(cross_shape),
+                    **{name: list(shape) for name, shape in cross_shapes.items()},
                 }
                 for size in (_FIRST_POSITIONS, dims.text_positions)
             ],
@@ -592,7 +620,7 @@ def _export(
 
 
 def _save_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
-    # Compressed: the decoder's example cross keys/values are zeros (18 MB raw).
+    # Compressed: the decoder's example cross keys and values are zeros (18 MB raw).
     savez: Any = np.savez_compressed
     with path.open("xb") as stream:
         savez(stream, **arrays)

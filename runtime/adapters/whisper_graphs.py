@@ -5,19 +5,21 @@ No exporter is involved: the graphs are written with ``onnx.helper`` from the te
 ``H`` heads, ``D`` head size, ``V`` vocabulary)::
 
     encoder  mel float32[1, 80, 3000]
-             -> cross_kv float32[L, 2, H, 1500, D]     every decoder layer's cross-attention
-                                                       keys (0) and values (1), computed once
+             -> cross_k_<l> float32[H, D, 1500]        each decoder layer's cross-attention
+                cross_v_<l> float32[H, 1500, D]        keys (transposed) and values, once
     decoder  tokens int64[1, 1]                        the token at position S - 1
              self_kv float32[S, L, 2, H, D]            keys and values of positions 0 .. S - 2;
                                                        the last row is a placeholder
-             cross_kv float32[L, 2, H, 1500, D]
+             cross_k_<l>, cross_v_<l>                  as the encoder gave them
              -> logits float32[1, V]                   the next token's scores
                 new_kv float32[1, L, 2, H, D]          position S - 1's keys and values
 
 The decoder reads its position from ``self_kv``'s length, so one graph serves every step
 (``S`` from 1 to the model's 448 text positions); the caller writes ``new_kv`` into row
 ``S - 1`` of its cache. Keeping the cache position-major makes each step's input one
-contiguous slice of that cache. The token embedding is one initializer, used both to look
+contiguous slice of that cache, and giving each layer's cross keys and values as inputs of
+their own lets the decoder read them in place (slicing one tensor per step would copy all of
+them: a third of a step's time). The token embedding is one initializer, used both to look
 tokens up (Gather) and as the tied output projection (Gemm with ``transB``).
 """
 
@@ -31,14 +33,21 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from runtime.adapters.whisper_ct2 import Ct2Model, WhisperDims
 
-__all__ = ["OPSET", "build_decoder", "build_encoder"]
+__all__ = ["OPSET", "build_decoder", "build_encoder", "cross_names"]
 
 OPSET: Final = 17
 _F32: Final = TensorProto.FLOAT
 _I64: Final = TensorProto.INT64
 _LN_EPSILON: Final = 1e-5
+
+
+def cross_names(layer: int) -> tuple[str, str]:
+    """The names of decoder layer ``layer``'s cross-attention keys and values."""
+    return f"cross_k_{layer}", f"cross_v_{layer}"
 
 
 class _Graph:
@@ -118,7 +127,7 @@ class _Graph:
         return self.op("MatMul", [weights, v], "context")
 
 
-def _tensor(name: str, elem: int, shape: list[int | str]) -> onnx.ValueInfoProto:
+def _tensor(name: str, elem: int, shape: Sequence[int | str]) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, elem, shape)
 
 
@@ -191,24 +200,27 @@ def build_encoder(model: Ct2Model, dims: WhisperDims, frames: int = 3000) -> onn
         x = g.op("Add", [x, out], "residual")
         x = g.ffn(x, model, f"encoder/layer_{layer}/ffn")
     hidden = g.layer_norm(x, model, "encoder/layer_norm")
-    # Every decoder layer's cross-attention keys and values: [L, 2, H, T, D].
-    per_layer = []
-    kv_heads = g.ints("kv_heads", [1, positions, 2, heads, head_dim])
+    # Every decoder layer's cross-attention keys [H, D, T] (transposed for the scores) and
+    # values [H, T, D], each its own output, so the decoder reads them without a copy.
+    outputs = []
+    kv_heads = g.ints("kv_heads", [positions, 2, heads, head_dim])
     for layer in range(dims.decoder_layers):
         prefix = f"decoder/layer_{layer}/attention/linear_1"
         kv = g.linear(
             hidden, model.get(f"{prefix}/weight"), model.get(f"{prefix}/bias"), "cross_kv"
         )
-        kv = g.op("Reshape", [kv, kv_heads])  # [1, T, 2, H, D]
-        per_layer.append(g.op("Transpose", [kv], perm=[0, 2, 3, 1, 4]))  # [1, 2, H, T, D]
-    cross = g.op("Concat", per_layer, "cross", axis=0)
-    g.nodes.append(helper.make_node("Identity", [cross], ["cross_kv"], name="cross_kv"))
-    return _model(
-        g,
-        "whisper_encoder",
-        [_tensor("mel", _F32, [1, dims.n_mels, frames])],
-        [_tensor("cross_kv", _F32, [dims.decoder_layers, 2, heads, positions, head_dim])],
-    )
+        kv = g.op("Reshape", [kv, kv_heads])  # [T, 2, H, D]
+        keys, values = g.ops("Split", [kv, g.ints("halves", [1, 1])], 2, axis=1)
+        keys = g.op("Reshape", [keys, g.ints("per_head", [positions, heads, head_dim])])
+        values = g.op("Reshape", [values, g.ints("per_head", [positions, heads, head_dim])])
+        key_name, value_name = cross_names(layer)
+        g.nodes.append(helper.make_node("Transpose", [keys], [key_name], perm=[1, 2, 0]))
+        g.nodes.append(helper.make_node("Transpose", [values], [value_name], perm=[1, 0, 2]))
+        outputs += [
+            _tensor(key_name, _F32, [heads, head_dim, positions]),
+            _tensor(value_name, _F32, [heads, positions, head_dim]),
+        ]
+    return _model(g, "whisper_encoder", [_tensor("mel", _F32, [1, dims.n_mels, frames])], outputs)
 
 
 def build_decoder(
@@ -286,14 +298,7 @@ def build_decoder(
             "cross_q",
         )
         q_h = g.op("Reshape", [q, one_head])  # [H,1,D]
-        cross = g.op(
-            "Gather", ["cross_kv", g.ints("layer", [layer])], "cross", axis=0
-        )  # [1,2,H,T,D]
-        keys = g.op("Gather", [cross, g.ints("k_side", [0])], "keys", axis=1)  # [1,1,H,T,D]
-        values = g.op("Gather", [cross, g.ints("v_side", [1])], "values", axis=1)
-        per_head = g.ints("per_head", [heads, audio_positions, head_dim])
-        k_t = g.op("Transpose", [g.op("Reshape", [keys, per_head])], "k_t", perm=[0, 2, 1])
-        values = g.op("Reshape", [values, per_head])
+        k_t, values = cross_names(layer)  # [H,D,T] and [H,T,D], graph inputs
         context = g.attend(q_h, k_t, values, scale)  # [H,1,D]
         context = g.op("Reshape", [g.op("Transpose", [context], perm=[1, 0, 2]), one_row])
         out = g.linear(
@@ -323,7 +328,15 @@ def build_decoder(
         [
             _tensor("tokens", _I64, [1, 1]),
             _tensor("self_kv", _F32, ["positions", layers, 2, heads, head_dim]),
-            _tensor("cross_kv", _F32, [layers, 2, heads, audio_positions, head_dim]),
+            *(
+                _tensor(name, _F32, shape)
+                for layer in range(layers)
+                for name, shape in zip(
+                    cross_names(layer),
+                    ([heads, head_dim, audio_positions], [heads, audio_positions, head_dim]),
+                    strict=True,
+                )
+            ),
         ],
         [
             _tensor("logits", _F32, [1, dims.vocab]),
