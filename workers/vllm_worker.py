@@ -439,6 +439,11 @@ class LlmWorker:
             return
         for output in outputs:
             self._on_output(output)
+        if self._running and not self._engine.has_unfinished_requests():
+            # Requests the engine no longer holds would be stepped for forever: end them.
+            for key in self._running.values():
+                self._send_error(key, "engine_error", "the request left the engine unfinished")
+            self._running.clear()
         self._flush()
         # Idle, the loop waits on its input: after the last request, no step is scheduled.
         if self._running:

@@ -20,7 +20,13 @@ from runtime.backends.vllm_client import VllmStageClient
 from runtime.contracts import RequestKey
 from runtime.contracts.llm_messages import SamplingSpec
 from runtime.envs import EnvInfo, create_env
-from runtime.errors import RequestCancelled, ResourceUnavailable, StageRetired, WorkerDied
+from runtime.errors import (
+    ModelError,
+    RequestCancelled,
+    ResourceUnavailable,
+    StageRetired,
+    WorkerDied,
+)
 from runtime.ledger import ResourceLedger
 from tests.runtime.vllm.support import (
     ENGINE_ARGS,
@@ -198,6 +204,16 @@ def test_the_worker_is_one_process_and_an_abort_frees_its_request_in_the_engine(
             assert ready is not None
             assert ready.processes == 1
             assert worker.children(recursive=True) == []
+
+            # A request the engine refuses fails alone, holding nothing.
+            too_long = [1] * (ENGINE_ARGS.max_model_len + 10)
+            refused = await client.generate(RequestKey("too-long"), too_long, SHORT)
+            with pytest.raises(
+                ModelError, match=r"request_failed: .*maximum context length is 2048"
+            ):
+                await refused.__anext__()
+            assert client.in_flight == ()
+            assert (await client.stats()).in_flight == 0
 
             kept = await client.generate(RequestKey("kept"), "The river", LONG)
             dropped = await client.generate(RequestKey("dropped"), "The mountain", LONG)
