@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from runtime.adapters.whisper_decode import Segment, WindowDecode
-from runtime.adapters.whisper_export import WhisperBundles, read_whisper_bundles
+from runtime.adapters.whisper_export import WhisperBundles, read_whisper_bundles, spoken_clip
 from runtime.adapters.whisper_mel import (
     FRAMES_PER_WINDOW,
     HOP_LENGTH,
@@ -69,6 +69,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DECODER_STAGE",
     "ENCODER_STAGE",
+    "EXAMPLE_SENTENCE",
     "OPTION_NAMES",
     "AudioInputError",
     "PreparedAudio",
@@ -82,6 +83,8 @@ ENCODER_STAGE: Final = 0
 DECODER_STAGE: Final = 1
 OPTION_NAMES: Final = ("model", "max_audio_s", "condition_on_previous_text")
 DEFAULT_MAX_AUDIO_S: Final = 7200.0
+#: What the example request says (the bundled voice speaks it; see :meth:`TranscribeAdapter.prepare`).
+EXAMPLE_SENTENCE: Final = "The quick brown fox jumps over the lazy dog."
 #: Seconds per log-mel frame.
 FRAME_S: Final = HOP_LENGTH / SAMPLE_RATE
 #: Seconds per timestamp token.
@@ -251,9 +254,13 @@ class TranscribeAdapter:
     # -- the program -------------------------------------------------------------------
 
     def prepare(self, request_input: object) -> PreparedAudio:
-        """Audio (see the module) -> 16 kHz mono features; raises AudioInputError."""
+        """Audio (see the module) -> 16 kHz mono features; raises AudioInputError. No input
+        (None) is the example request: :data:`EXAMPLE_SENTENCE` spoken by the bundled voice."""
         if isinstance(request_input, PreparedAudio):
             return request_input
+        if request_input is None:
+            # The example request (a run without input): the bundled voice speaking a sentence.
+            request_input = {"audio": spoken_clip(EXAMPLE_SENTENCE), "sample_rate": SAMPLE_RATE}
         if not isinstance(request_input, Mapping) or set(map(str, request_input)) != {
             "audio",
             "sample_rate",

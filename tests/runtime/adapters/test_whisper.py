@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from runtime.adapters.whisper import (
+    EXAMPLE_SENTENCE,
     AudioInputError,
     TranscribeAdapter,
     TranscribeOptions,
@@ -316,6 +317,12 @@ def test_bad_audio_is_refused_with_what_is_accepted(
     with pytest.raises(AudioInputError, match=message) as refused:
         checked.prepare(request_input)
     assert refused.value.code == code
+
+
+def test_no_input_is_the_example_sentence_spoken(adapter: TranscribeAdapter) -> None:
+    prepared = adapter.prepare(None)
+    expected = log_mel(spoken_clip(EXAMPLE_SENTENCE))
+    np.testing.assert_array_equal(prepared.features, expected)
 
 
 def test_audio_is_mixed_to_mono_and_resampled() -> None:
