@@ -229,6 +229,7 @@ class MainWindow(QMainWindow):
         bridge.execution_changed.connect(self.plan_panel.show_execution)
         bridge.load_progress.connect(self.run_pane.show_loading)
         bridge.load_progress.connect(self.chat.show_loading)
+        bridge.load_progress.connect(lambda _view: self._show_state_text())
         bridge.run_started.connect(self.output.run_started)
         bridge.run_started.connect(self.chat.run_started)
         bridge.audio_chunk.connect(self._on_audio)
@@ -383,11 +384,17 @@ class MainWindow(QMainWindow):
         self.open_action.setEnabled(not state.busy)
         self.run_pane.set_state(state)
         self.chat.set_state(state)
-        info = self.bridge.pipeline
-        name = "" if info is None else f"{info.name}: "
-        self.state_label.setText(f"{name}{state.value}")
+        self._show_state_text()
         if state is RunState.LOADING:
             self.output.status.set_status("loading stages", "#d98a1c")
+
+    def _show_state_text(self) -> None:
+        state = self.bridge.state
+        info = self.bridge.pipeline
+        name = "" if info is None else f"{info.name}: "
+        # Ready to run while its stages load in the background (a Run waits for them).
+        loading = " · loading stages" if state is RunState.READY and self.bridge.loading else ""
+        self.state_label.setText(f"{name}{state.value}{loading}")
 
     def _on_topology(self, view: TopologyView) -> None:
         self.devices_panel.show_topology(view)

@@ -149,6 +149,7 @@ def test_opening_another_pipeline_during_a_load_cancels_it_with_nothing_left(
     workers = _slow_workers()
     assert len(workers) == 1
     assert window.run_pane.loading.isVisible()
+    assert window.state_label.text() == "slow_load: ready · loading stages"
     (line,) = window.run_pane.loading.lines()
     assert "(graph worker): loading… " in line
     held = window.bridge.ledger.snapshot().reservations
