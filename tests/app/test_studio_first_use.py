@@ -116,6 +116,10 @@ def test_run_offers_to_make_the_environment_then_runs(
     assert f"the {ENV} environment" in dialog.needs_label.text()
     assert SMOLLM2_MODEL not in dialog.needs_label.text()
     assert window.bridge.state is RunState.READY  # nothing started
+    # Opening it started no load either: first use asks before anything is made.
+    assert not window.bridge.loading
+    assert window.bridge.load_view is None
+    assert window.bridge.ledger.snapshot().reservations == ()
     assert dialog.progress_bar.maximum() == 3
 
     steps: list[int] = []
