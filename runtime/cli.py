@@ -896,6 +896,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_pipeline_commands(commands)
 
+    from .transcribe_command import add_transcribe_commands
+
+    add_transcribe_commands(commands)
+
     serve = commands.add_parser(
         "serve",
         help="serve pipelines over an OpenAI-compatible HTTP API (chat, speech, graph runs)",
