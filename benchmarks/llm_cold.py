@@ -24,6 +24,7 @@ assistant is converted on first use.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -75,6 +76,8 @@ BASELINE_SCRIPT: Final = Path(__file__).resolve().parent / "vllm_one_process.py"
 WORKER_MODULE: Final = "workers.vllm_worker"
 #: How often the processes' peak RSS is read while they live, in seconds.
 SAMPLE_S: Final = 0.1
+#: A tree member seen for less than this is a helper that came and went (``lscpu``, say).
+LASTING_S: Final = 1.0
 #: A cold start imports torch and vLLM and loads three stages: minutes on a busy machine.
 CHILD_TIMEOUT_S: Final = 900.0
 STDERR_TAIL: Final = 8
@@ -91,6 +94,8 @@ class Cold:
     text: str
     #: Where the time went, as the side itself reports it (seconds).
     phases: Mapping[str, float] = field(default_factory=dict)
+    #: Helpers that came and went in the measured tree (see :class:`TreePeak`).
+    short_lived: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +145,20 @@ def prepare() -> Prepared:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class TreePeak:
+    """A measured tree: the sum of its members' peak RSS, how many lasted, what came and went.
+
+    A member seen for less than :data:`LASTING_S` (a helper such as ``lscpu``, which vLLM
+    runs while it loads) counts in the sum but not in ``processes``; its name is in
+    ``short_lived``.
+    """
+
+    peak_rss_bytes: int
+    processes: int
+    short_lived: tuple[str, ...]
+
+
 class PeakSampler:
     """Reads the peak RSS of a process tree's members every :data:`SAMPLE_S` while they live.
 
@@ -153,6 +172,9 @@ class PeakSampler:
         self._root = root
         self._members = members
         self._peaks: dict[int, int] = {}
+        # When each member was first and last seen (monotonic seconds).
+        self._seen: dict[int, tuple[float, float]] = {}
+        self._names: dict[int, str] = {}
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-peak-rss", daemon=True)
         self._thread.start()
@@ -165,15 +187,23 @@ class PeakSampler:
                 processes = []
             for process in processes:
                 peak = peak_rss_bytes(process.pid)
-                if peak is not None:
-                    self._peaks[process.pid] = max(peak, self._peaks.get(process.pid, 0))
+                if peak is None:
+                    continue
+                self._peaks[process.pid] = max(peak, self._peaks.get(process.pid, 0))
+                now = time.monotonic()
+                self._seen[process.pid] = (self._seen.get(process.pid, (now, now))[0], now)
+                if process.pid not in self._names:
+                    with contextlib.suppress(psutil.Error):
+                        self._names[process.pid] = process.name()
             self._done.wait(SAMPLE_S)
 
-    def stop(self) -> tuple[int, int]:
-        """``(peak_rss_bytes, processes)`` of the measured tree."""
+    def stop(self) -> TreePeak:
+        """What was measured of the tree."""
         self._done.set()
         self._thread.join()
-        return sum(self._peaks.values()), len(self._peaks)
+        lasting = [pid for pid, (first, last) in self._seen.items() if last - first >= LASTING_S]
+        short = sorted(self._names.get(pid, "?") for pid in self._seen if pid not in lasting)
+        return TreePeak(sum(self._peaks.values()), len(lasting), tuple(short))
 
 
 def worker_tree(root: psutil.Process) -> list[psutil.Process]:
@@ -197,8 +227,8 @@ def _cold_run(
     env: dict[str, str],
     members: Callable[[psutil.Process], list[psutil.Process]],
     first_output: Callable[[bytes], str | None],
-) -> tuple[float, str, bytes, int, int]:
-    """Spawn ``argv``; ``(first output s, its text, all stdout, peak RSS, processes)``.
+) -> tuple[float, str, bytes, TreePeak]:
+    """Spawn ``argv``; ``(first output s, its text, all stdout, the measured tree)``.
 
     ``first_output`` reads the stdout seen so far and returns the first token's text once
     it is there (None until then).
@@ -240,7 +270,7 @@ def _cold_run(
             if process.poll() is None:
                 process.kill()
                 process.wait()
-            peak, processes = sampler.stop()
+            tree = sampler.stop()
         stderr.seek(0)
         lines = stderr.read().decode("utf-8", "replace").strip().splitlines()
     tail = " | ".join(lines[-STDERR_TAIL:])
@@ -251,7 +281,7 @@ def _cold_run(
         raise ChildFailed(f"{name} exited with code {code}; stderr: {tail}")
     if first_s is None or text is None:
         raise ChildFailed(f"{name} wrote no first token on its stdout; stderr: {tail}")
-    return first_s, text, seen, peak, processes
+    return first_s, text, seen, tree
 
 
 def first_stdout_bytes(seen: bytes) -> str | None:
@@ -285,13 +315,13 @@ def run_ours(workdir: Path) -> Cold:
         "--out",
         str(out),
     ]
-    first_s, _, stdout, peak, processes = _cold_run(
-        argv, child_environment(), worker_tree, first_stdout_bytes
-    )
-    if processes == 0:
+    first_s, _, stdout, tree = _cold_run(argv, child_environment(), worker_tree, first_stdout_bytes)
+    if tree.processes == 0:
         raise ChildFailed(f"no process running {WORKER_MODULE} was seen during the run")
     text = stdout.decode("utf-8", "replace").strip()
-    return Cold(first_s, peak, processes, text, run_phases(out))
+    return Cold(
+        first_s, tree.peak_rss_bytes, tree.processes, text, run_phases(out), tree.short_lived
+    )
 
 
 def run_phases(out: Path) -> dict[str, float]:
@@ -335,7 +365,7 @@ def run_baseline(prepared: Prepared, workdir: Path) -> Cold:
     tmpdir = tempfile.mkdtemp(prefix="oe-cold-")
     env["TMPDIR"] = tmpdir
     try:
-        first_s, _, stdout, sampled, processes = _cold_run(
+        first_s, _, stdout, tree = _cold_run(
             [str(prepared.python), str(BASELINE_SCRIPT), str(request)],
             env,
             whole_tree,
@@ -356,13 +386,14 @@ def run_baseline(prepared: Prepared, workdir: Path) -> Cold:
     if done is None:
         raise ChildFailed("the one-process baseline printed no 'done' line")
     reported = done.get("peak_rss_bytes")
-    peak = max(sampled, reported if isinstance(reported, int) else 0)
+    peak = max(tree.peak_rss_bytes, reported if isinstance(reported, int) else 0)
     phases = {
         name: float(done[name])
         for name in ("import_s", "load_s", "first_token_s")
         if isinstance(done.get(name), float)
     }
-    return Cold(first_s, peak, processes, str(done.get("text", "")), phases)
+    text = str(done.get("text", ""))
+    return Cold(first_s, peak, tree.processes, text, phases, tree.short_lived)
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,6 +428,7 @@ def figures_of(rounds: Rounds) -> list[Figure]:
         "pipeline": PIPELINE.name,
         "question": QUESTION,
         "worker_processes": [cold.processes for cold in rounds.ours],
+        "worker_short_lived_helpers": sorted({name for c in rounds.ours for name in c.short_lived}),
         "ours_reply": rounds.ours[0].text[:200],
         "baseline_reply": rounds.baseline[0].text[:200],
     }

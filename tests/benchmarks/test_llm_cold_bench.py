@@ -24,9 +24,8 @@ MiB = 1 << 20
 
 
 def _cold(seconds: float, mib: float, processes: int = 1) -> Cold:
-    return Cold(
-        seconds, int(mib * MiB), processes, "The capital of France is Paris.", {"load_s": 5.0}
-    )
+    reply = "The capital of France is Paris."
+    return Cold(seconds, int(mib * MiB), processes, reply, {"load_s": 5.0}, ("lscpu",))
 
 
 def test_figures_set_the_run_against_the_one_process_llm() -> None:
@@ -43,6 +42,7 @@ def test_figures_set_the_run_against_the_one_process_llm() -> None:
     assert "2.5 s more" in cold.note
     assert cold.details["ours_s"] == [12.0, 14.0, 13.0]
     assert cold.details["worker_processes"] == [1, 1, 1]
+    assert cold.details["worker_short_lived_helpers"] == ["lscpu"]
     assert cold.details["ours_load_s"] == [5.0, 5.0, 5.0]
     assert memory.key == "memory.chat_speak"
     assert memory.measurement == pytest.approx(1720.0)
@@ -105,15 +105,16 @@ def test_the_sampler_sums_the_worker_trees_peak_and_ignores_the_rest() -> None:
             assert time.monotonic() < deadline, "the worker never held its block"
             time.sleep(0.05)
         sampler = PeakSampler(parent.pid, llm_cold.worker_tree)
-        time.sleep(3 * llm_cold.SAMPLE_S)
-        peak, processes = sampler.stop()
-        assert processes == 1
-        assert 64 * MiB <= peak < 256 * MiB
+        time.sleep(llm_cold.LASTING_S + 3 * llm_cold.SAMPLE_S)
+        measured = sampler.stop()
+        assert measured.processes == 1
+        assert measured.short_lived == ()
+        assert 64 * MiB <= measured.peak_rss_bytes < 256 * MiB
         everything = PeakSampler(parent.pid, llm_cold.whole_tree)
-        time.sleep(3 * llm_cold.SAMPLE_S)
-        total, count = everything.stop()
-        assert count == 3
-        assert total > peak
+        time.sleep(llm_cold.LASTING_S + 3 * llm_cold.SAMPLE_S)
+        whole = everything.stop()
+        assert whole.processes == 3
+        assert whole.peak_rss_bytes > measured.peak_rss_bytes
     finally:
         for child in psutil.Process(parent.pid).children(recursive=True):
             child.kill()
