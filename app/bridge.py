@@ -48,6 +48,7 @@ from app.models import (
     RunState,
     ServeView,
     TextChunk,
+    TranscriptSegment,
 )
 from app.presenters import (
     RUN_IN_PROGRESS,
@@ -187,6 +188,7 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
     run_started = Signal(str)  # request id
     audio_chunk = Signal(object)  # ReceivedAudio
     text_chunk = Signal(object)  # TextChunk
+    transcript_segment = Signal(object)  # TranscriptSegment
     tensors_ready = Signal(object)  # TensorResults
     metrics_changed = Signal(object)  # RequestMetrics
     run_finished = Signal(object)  # RunOutcome
@@ -260,6 +262,11 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
     @property
     def selection(self) -> DeviceSelection:
         return self._selection
+
+    @property
+    def topology(self) -> Topology | None:
+        """The machine (or topology file) plans and runs use, once discovered."""
+        return self._topology
 
     @property
     def loading(self) -> bool:
@@ -729,6 +736,8 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
                 self.audio_chunk.emit(dataclasses.replace(item, queued=queued) if queued else item)
             elif isinstance(item, TextChunk):
                 self.text_chunk.emit(item)
+            elif isinstance(item, TranscriptSegment):
+                self.transcript_segment.emit(item)
             else:
                 self.tensors_ready.emit(item)
         if metrics is not None:

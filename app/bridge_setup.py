@@ -1,13 +1,16 @@
 """The part of the bridge that makes what a pipeline needs before its first run: the managed
-environment of its language-model stage (:func:`runtime.envs.create_env`) and the built-in
-assistant's converted model (:func:`runtime.models.smollm2.ensure_smollm2_model`), on a thread
-of its own, with progress lines and the step count as Qt signals (the one hop into the GUI).
+environment of its language-model stage (:func:`runtime.envs.create_env`), the built-in
+assistant's converted model (:func:`runtime.models.smollm2.ensure_smollm2_model`) and the
+built-in speech recogniser's bundles
+(:func:`runtime.adapters.whisper_export.ensure_whisper_bundles`), on a thread of its own, with progress lines and the step count as Qt signals (the one hop into the GUI).
 
 Cancel is cooperative, as for imports (:mod:`app.bridge_models`): the progress callback raises
 once Cancel is pressed. Making an environment reports every line its steps print, so Cancel
 ends the running step's process group at its next line and the half-made environment is
 removed. The model's conversion is one process that reports nothing while it runs: Cancel
-takes effect when it ends, and the model, complete and verified by then, is kept.
+takes effect when it ends, and the model, complete and verified by then, is kept. The
+recogniser's export reports each step, so Cancel ends it at its next step and its staging
+folder is removed.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from PySide6.QtCore import QObject, Signal
 
 from app.bridge_models import CancellableJobs, Cancelled
 from app.my_pipelines import JobOutcome
+from runtime.adapters.whisper_ct2 import WhisperConvertError
+from runtime.adapters.whisper_export import ensure_whisper_bundles
 from runtime.envs import RECIPES, create_env, env_python
 from runtime.errors import OmniError
 from runtime.models.marker import ModelBuildError
@@ -27,7 +32,7 @@ from runtime.models.smollm2 import ensure_smollm2_model
 
 if TYPE_CHECKING:
     import threading
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
     from pathlib import Path
 
     from app.first_use import SetupNeeds
@@ -75,19 +80,14 @@ class SetupJobs(CancellableJobs):
                 self.step.emit(int(found.group(1)) - 1)
 
         try:
-            if needs.create_env:
-                python = create_env(
-                    needs.env, progress=progress, root=self.env_root, recipes=self.recipes
-                ).python
-                self.step.emit(needs.env_steps)
-            else:
-                python = env_python(needs.env, root=self.env_root)
-            if needs.model is not None:
-                ensure_smollm2_model(python, out_dir=self.model_dir, progress=progress)
-                self.step.emit(needs.steps)
+            for done, name in enumerate(needs.recognisers, start=1):
+                ensure_whisper_bundles(name, progress=progress)
+                self.step.emit(done)
+            if needs.env:
+                self._make_env_and_model(needs, progress)
         except Cancelled:
             outcome = JobOutcome("cancelled", "cancelled; nothing half-made was kept")
-        except (OmniError, ModelBuildError, OSError) as exc:
+        except (OmniError, ModelBuildError, WhisperConvertError, OSError) as exc:
             outcome = JobOutcome("failed", str(exc))
         except Exception as exc:  # noqa: BLE001 - reported in the dialog, never lost in a thread
             outcome = JobOutcome("failed", f"{type(exc).__name__}: {exc}")
@@ -100,3 +100,15 @@ class SetupJobs(CancellableJobs):
             else:
                 outcome = JobOutcome("made", "ready to run")
         self._done.emit(outcome)
+
+    def _make_env_and_model(self, needs: SetupNeeds, progress: Callable[[str], None]) -> None:
+        if needs.create_env:
+            python = create_env(
+                needs.env, progress=progress, root=self.env_root, recipes=self.recipes
+            ).python
+            self.step.emit(needs.env_steps)
+        else:
+            python = env_python(needs.env, root=self.env_root)
+        if needs.model is not None:
+            ensure_smollm2_model(python, out_dir=self.model_dir, progress=progress)
+            self.step.emit(needs.steps)

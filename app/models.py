@@ -54,10 +54,12 @@ class RunState(enum.Enum):
 
 
 class InputKind(enum.Enum):
-    """What a pipeline takes: tensors (graph pipelines) or text (speech, language models)."""
+    """What a pipeline takes: tensors (graph pipelines), text (speech, language models) or
+    audio (transcription)."""
 
     TENSORS = "tensors"
     TEXT = "text"
+    AUDIO = "audio"
 
 
 class ErrorAction(enum.Enum):
@@ -385,6 +387,17 @@ class TextChunk:
     text: str
     finished: bool
     prompt: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptSegment:
+    """One finished segment of a transcription: its text and where it lies in the audio."""
+
+    request_id: str
+    index: int
+    start_s: float
+    end_s: float
+    text: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,7 @@ from app.models import (
     TensorResults,
     TextChunk,
     TopologyView,
+    TranscriptSegment,
 )
 from runtime.artifacts import load_example_inputs, verify_bundle
 from runtime.config import GraphBackendConfig, LlmBackendConfig, load_pipeline
@@ -75,7 +76,7 @@ from runtime.events import (
 )
 from runtime.ledger import format_bytes
 from runtime.pipeline_files import is_manifest_path, pipeline_for_bundle
-from runtime.pipeline_input import TENSOR_INPUT, example_text, input_kind
+from runtime.pipeline_input import AUDIO_INPUT, TENSOR_INPUT, example_text, input_kind
 from runtime.planning import plan_pipeline
 
 if TYPE_CHECKING:
@@ -357,9 +358,22 @@ def _as_text(value: object) -> str:
     return str(value)
 
 
+def transcript_segment(output: OmniRequestOutput) -> TranscriptSegment | None:
+    """A transcription's segment output (text with ``start_s`` and ``end_s``), or None."""
+    outputs = output.outputs
+    if output.finished or output.text is None or not {"start_s", "end_s"} <= outputs.keys():
+        return None
+    try:
+        start = float(np.asarray(outputs["start_s"]).reshape(()))
+        end = float(np.asarray(outputs["end_s"]).reshape(()))
+    except (TypeError, ValueError):
+        return None
+    return TranscriptSegment(output.request_id, output.index, start, end, output.text.strip())
+
+
 def output_items(
     output: OmniRequestOutput, received_s: float
-) -> list[ReceivedAudio | TextChunk | TensorResults]:
+) -> list[ReceivedAudio | TextChunk | TensorResults | TranscriptSegment]:
     """Turn one request output into studio values (copies; the output may be released after).
 
     Its non-empty audio (:meth:`AudioChunk.from_output <runtime.engine.outputs.AudioChunk.from_output>`,
@@ -368,7 +382,10 @@ def output_items(
     carries neither become :class:`TensorResults`.
     """
     outputs = output.outputs
-    items: list[ReceivedAudio | TextChunk | TensorResults] = []
+    segment = transcript_segment(output)
+    if segment is not None:
+        return [segment]
+    items: list[ReceivedAudio | TextChunk | TensorResults | TranscriptSegment] = []
     audio = AudioChunk.from_output(output)
     # A stream may close with an empty chunk (its last output carries only metrics).
     if audio is not None and audio.pcm.size:
@@ -481,7 +498,9 @@ class RunMetrics:
 
     def received(
         self, output: OmniRequestOutput, at: float, now: float
-    ) -> tuple[list[ReceivedAudio | TextChunk | TensorResults], RequestMetrics | None]:
+    ) -> tuple[
+        list[ReceivedAudio | TextChunk | TensorResults | TranscriptSegment], RequestMetrics | None
+    ]:
         """The studio values of an output received at ``at`` (see :func:`output_items`)."""
         tracker = self.tracker
         items = output_items(output, 0.0 if tracker is None else at - tracker.submitted_at)
@@ -586,7 +605,8 @@ def describe_pipeline(
     source = pipeline_for_bundle(path, topology) if bundle else path
     config = load_pipeline(source)
     plan = plan_pipeline(source, topology=topology, selection=selection)
-    kind = InputKind.TENSORS if input_kind(config) == TENSOR_INPUT else InputKind.TEXT
+    kinds = {TENSOR_INPUT: InputKind.TENSORS, AUDIO_INPUT: InputKind.AUDIO}
+    kind = kinds.get(input_kind(config), InputKind.TEXT)
     examples: dict[str, np.ndarray] = {}
     first = config.stages[0].backend
     first_report = plan.stages[0].bundle

@@ -77,6 +77,15 @@ class StudioSettings:
         self._settings.setValue("audio/device", name or "")
 
     @property
+    def input_device(self) -> str | None:
+        """The audio input Dictate records from (None: the default input)."""
+        return self._text("audio/input_device")
+
+    @input_device.setter
+    def input_device(self, name: str | None) -> None:
+        self._settings.setValue("audio/input_device", name or "")
+
+    @property
     def topology_file(self) -> Path | None:
         text = self._text("devices/topology")
         return None if text is None else Path(text)

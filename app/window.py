@@ -39,6 +39,7 @@ from app.models import (
 from app.playback import AudioOutput
 from app.settings import StudioSettings
 from app.stall import StallMonitor
+from app.transcripts import audio_paths
 from app.widgets.banner import ErrorBanner
 from app.widgets.chat import ChatView
 from app.widgets.common import format_bytes
@@ -53,6 +54,7 @@ from app.widgets.run_pane import RunPane
 from app.widgets.serve import ServePanel
 from app.window_models import MyPipelinesHook
 from app.window_setup import FirstUseHook
+from app.window_transcribe import TranscribeHook
 
 APP_TITLE = "Omni Edge Studio"
 PANELS = ("devices", "plan", "manifest", "metrics", "log", "serve")
@@ -158,10 +160,12 @@ class MainWindow(QMainWindow):
 
         self._connect()
         self.chat.refresh_history()
-        self.pipelines.set_demos(demo_pipelines(demos_folder))
+        self.demos = demo_pipelines(demos_folder)
+        self.pipelines.set_demos(self.demos)
         self.pipelines.set_recent(self.settings.recent)
         self.my_pipelines = MyPipelinesHook(self, self.add_model_action)
         self.first_use = FirstUseHook(self)
+        self.transcribe = TranscribeHook(self)
         self.chat.before_send = self.first_use.offer_before_run
         self.devices_panel.select_machine(self.settings.topology_file)
         self.output.playback.preferred_device = self.settings.audio_device
@@ -201,7 +205,7 @@ class MainWindow(QMainWindow):
         for action in (self.run_action, self.cancel_action, self.unload_action):
             self.addAction(action)
         menu = self.menuBar()
-        file_menu = menu.addMenu("&File")
+        self.file_menu = file_menu = menu.addMenu("&File")
         file_menu.addAction(self.open_action)
         file_menu.addAction(self.add_model_action)
         file_menu.addSeparator()
@@ -268,6 +272,8 @@ class MainWindow(QMainWindow):
     def open_path(self, path: Path | str) -> bool:
         path = Path(path)
         self.banner.dismiss()
+        if self.first_use.offer_before_open(path):
+            return True
         return self.bridge.open_pipeline(path)
 
     def choose_file(self) -> None:
@@ -290,6 +296,8 @@ class MainWindow(QMainWindow):
 
     def run(self) -> None:
         if not self.bridge.state.can_run or self.first_use.offer_before_run():
+            return
+        if self.transcribe.run():
             return
         if self.chat_mode:
             self.chat.send()
@@ -508,7 +516,7 @@ class MainWindow(QMainWindow):
 
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:
         urls = [url.toLocalFile() for url in event.mimeData().urls() if url.isLocalFile()]
-        if droppable_paths(urls):
+        if droppable_paths(urls) or audio_paths(urls):
             event.acceptProposedAction()
 
     def dropEvent(self, event: QDropEvent) -> None:
@@ -517,6 +525,9 @@ class MainWindow(QMainWindow):
         if paths:
             event.acceptProposedAction()
             self.open_path(paths[0])
+        elif audio := audio_paths(urls):
+            event.acceptProposedAction()
+            self.transcribe.transcribe_file(audio[0])
 
     def _restore_geometry(self) -> None:
         geometry = self.settings.geometry("geometry")
@@ -537,7 +548,13 @@ class MainWindow(QMainWindow):
         self.settings.sync()
 
     def closeEvent(self, event: QCloseEvent) -> None:
-        if any([self.my_pipelines.defer_close(), self.first_use.defer_close()]):
+        if any(
+            [
+                self.my_pipelines.defer_close(),
+                self.first_use.defer_close(),
+                self.transcribe.defer_close(),
+            ]
+        ):
             event.ignore()
             return
         if self.bridge.state is not RunState.CLOSED:

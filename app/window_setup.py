@@ -9,20 +9,25 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QObject
+from PySide6.QtCore import QObject, Signal
 
 from app.bridge_setup import SetupJobs
-from app.first_use import SetupNeeds, setup_needs
+from app.first_use import SetupNeeds, recogniser_needs, setup_needs
 from app.models import RunState
 from app.widgets.setup_offer import SetupDialog
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from app.window import MainWindow
 
 
 class FirstUseHook(QObject):
     """``offers``: False runs without asking, as the headless self-test does (the run then
     fails with the runtime's message, or builds the model when its stage starts)."""
+
+    #: An offer made before opening was closed without making anything.
+    setup_declined = Signal()
 
     def __init__(self, window: MainWindow) -> None:
         super().__init__(window)
@@ -60,9 +65,35 @@ class FirstUseHook(QObject):
         dialog.open()
         return True
 
-    def _dialog_closed(self, dialog: SetupDialog, _result: int) -> None:
+    def offer_before_open(self, path: Path) -> bool:
+        """True when opening ``path`` must wait: it names the built-in speech recogniser,
+        whose bundles are missing, and the offer to make them is shown (or one is open).
+        Once they are made the pipeline is opened; declined, nothing is opened."""
+        if self.dialog is not None:
+            self.dialog.raise_()
+            return True
+        if not self.offers or path.suffix.lower() not in (".yaml", ".yml"):
+            return False
+        needs = recogniser_needs(path)
+        if needs is None:
+            return False
+        dialog = SetupDialog(self.jobs, needs, self.window, action="Make them and open")
+        dialog.ready.connect(partial(self._made_for_open, dialog, path))
+        dialog.finished.connect(partial(self._dialog_closed, dialog))
+        self.dialog = dialog
+        dialog.open()
+        return True
+
+    def _made_for_open(self, dialog: SetupDialog, path: Path) -> None:
         if self.dialog is dialog:
             self.dialog = None
+        self.window.open_path(path)
+
+    def _dialog_closed(self, dialog: SetupDialog, result: int) -> None:
+        if self.dialog is dialog:
+            self.dialog = None
+            if result != SetupDialog.DialogCode.Accepted:
+                self.setup_declined.emit()
         dialog.deleteLater()
 
     def _ready(self, dialog: SetupDialog) -> None:

@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
 
 from app.conversations import Conversation, ConversationError, ReplyDraft
 from app.models import ErrorInfo, RunOutcome, RunState, TextChunk
+from app.widgets.audio_input import LevelMeter
 from app.widgets.common import NEUTRAL, OK, WARN, StatusChip, dim, section_title
 from app.widgets.loading import LoadingView
 
@@ -118,6 +119,8 @@ class ChatView(QWidget):
     submit_requested = Signal(object)  # {"messages": [...]}: the next reply's request
     stop_requested = Signal()
     problem = Signal(object)  # ErrorInfo: a conversation file that could not be read or saved
+    #: Dictate was clicked: start recording (checked) or stop and transcribe.
+    dictate_requested = Signal(bool)
 
     def __init__(self, store: ConversationStore, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -185,6 +188,16 @@ class ChatView(QWidget):
         self.regenerate_button = QPushButton("Regenerate")
         self.copy_button = QPushButton("Copy")
         self.copy_button.setToolTip("Copy the last reply to the clipboard")
+        self.dictate_button = QPushButton("Dictate")
+        self.dictate_button.setCheckable(True)
+        self.dictate_button.setToolTip(
+            "Record from the input chosen in Devices; click again to stop. The transcript "
+            "goes into the message box"
+        )
+        self.dictate_button.clicked.connect(self.dictate_requested)
+        self.dictate_meter = LevelMeter()
+        self.dictate_meter.setMaximumWidth(120)
+        self.dictate_meter.hide()
         self.status = StatusChip("no reply yet")
         self.send_button.clicked.connect(lambda: self.send())
         self.stop_button.clicked.connect(self.stop)
@@ -194,6 +207,8 @@ class ChatView(QWidget):
         for button in (self.send_button, self.stop_button, self.regenerate_button):
             buttons.addWidget(button)
         buttons.addWidget(self.copy_button)
+        buttons.addWidget(self.dictate_button)
+        buttons.addWidget(self.dictate_meter)
         buttons.addStretch(1)
         buttons.addWidget(self.status)
         right = QWidget()
@@ -457,6 +472,33 @@ class ChatView(QWidget):
         except ConversationError as exc:
             self.problem.emit(ErrorInfo("The conversation was not saved", str(exc), kind="warning"))
         self.refresh_history()
+
+    def set_dictating(self, state: str) -> None:
+        """Dictate's look: ``recording`` (checked, the meter shown), ``transcribing`` (busy)
+        or ``idle``."""
+        self.dictate_button.blockSignals(True)
+        self.dictate_button.setChecked(state == "recording")
+        self.dictate_button.blockSignals(False)
+        self.dictate_button.setEnabled(state != "transcribing")
+        self.dictate_button.setText(
+            {"recording": "Stop dictating", "transcribing": "Transcribing…"}.get(state, "Dictate")
+        )
+        self.dictate_meter.setVisible(state == "recording")
+        if state != "recording":
+            self.dictate_meter.clear()
+
+    def insert_dictation(self, text: str) -> None:
+        """Put dictated ``text`` into the message box at the cursor (never sends it)."""
+        text = text.strip()
+        if not text:
+            return
+        cursor = self.composer.textCursor()
+        before = self.composer.toPlainText()[: cursor.position()]
+        if before and not before[-1].isspace():
+            text = " " + text
+        cursor.insertText(text)
+        self.composer.setTextCursor(cursor)
+        self.composer.setFocus()
 
     def refresh_history(self) -> None:
         listing = self.store.listing()

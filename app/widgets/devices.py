@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.models import EMPTY_LEDGER, LedgerView, TopologyView
+from app.widgets.audio_input import AudioInputBox
 from app.widgets.common import (
     BAD,
     QUARANTINE,
@@ -336,6 +337,9 @@ class DevicesPanel(QWidget):
         bottom_layout = QVBoxLayout(bottom)
         bottom_layout.setContentsMargins(0, 0, 0, 0)
         bottom_layout.addWidget(self.device_group)
+        #: The audio input Dictate records from, and its level.
+        self.audio_input = AudioInputBox()
+        bottom_layout.addWidget(self.audio_input)
         constraints_title = QLabel(
             "Memory constraints: capacity from the machine; ceiling, reserved and quarantined "
             "from the ledger, live"

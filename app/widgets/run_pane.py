@@ -112,6 +112,9 @@ class TensorInputs(QWidget):
 class RunPane(QWidget):
     """What will run, with what, whether it fits; and the buttons that run or cancel it."""
 
+    #: Open audio… of a transcription pipeline.
+    audio_requested = Signal()
+
     def __init__(
         self,
         run_action: QAction,
@@ -147,6 +150,18 @@ class RunPane(QWidget):
         self.text_input.setPlaceholderText("Text to speak or to prompt with")
         self.text_input.setMaximumHeight(120)
         self.text_input.hide()
+        #: A transcription pipeline's input: an audio file, opened or dropped.
+        self.audio_row = QWidget()
+        audio_layout = QHBoxLayout(self.audio_row)
+        audio_layout.setContentsMargins(0, 0, 0, 0)
+        audio_hint = QLabel("An audio file: drop one on the window, or")
+        dim(audio_hint)
+        self.open_audio_button = QPushButton("Open audio…")
+        self.open_audio_button.clicked.connect(self.audio_requested)
+        audio_layout.addWidget(audio_hint)
+        audio_layout.addWidget(self.open_audio_button)
+        audio_layout.addStretch(1)
+        self.audio_row.hide()
 
         self.run_button = QPushButton("Run")
         self.run_button.setDefault(True)
@@ -187,6 +202,7 @@ class RunPane(QWidget):
         layout.addWidget(inputs_title)
         layout.addWidget(self.tensor_inputs)
         layout.addWidget(self.text_input)
+        layout.addWidget(self.audio_row)
         layout.addLayout(buttons)
         layout.addStretch(1)
         self.set_state(RunState.EMPTY)
@@ -213,10 +229,11 @@ class RunPane(QWidget):
         self.run_button.setVisible(not info.chat)
         self.cancel_button.setVisible(not info.chat)
         self.text_input.setVisible(text and not info.chat)
-        self.tensor_inputs.setVisible(not text)
+        self.tensor_inputs.setVisible(info.input_kind is InputKind.TENSORS)
+        self.audio_row.setVisible(info.input_kind is InputKind.AUDIO)
         if text:
             self.text_input.setPlainText(info.example_text)
-        else:
+        elif info.input_kind is InputKind.TENSORS:
             self.tensor_inputs.show_arrays(info.example_inputs, None)
         self.show_plan(info.plan)
 
@@ -248,6 +265,7 @@ class RunPane(QWidget):
             editable and self.tensor_inputs.from_file is not None
         )
         self.text_input.setReadOnly(not editable)
+        self.open_audio_button.setEnabled(editable)
 
     def request_input(self) -> object:
         """The request's input: text, or the tensors shown."""

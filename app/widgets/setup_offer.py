@@ -1,6 +1,7 @@
-"""The offer made when Run is pressed on a pipeline whose language-model stage needs what
-this machine does not have yet (the vLLM environment, the built-in assistant's model): what
-will be made, a progress bar over its steps, the lines it prints, and Cancel."""
+"""The offer made when a pipeline needs what this machine does not have yet (the vLLM
+environment, the built-in assistant's model when Run is pressed; the speech recogniser's
+bundles when the pipeline is opened): what will be made, a progress bar over its steps, the
+lines it prints, and Cancel."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.first_use import LLM_CANCEL_NOTE
 from app.widgets.common import BAD, NEUTRAL, monospace, section_title
 
 if TYPE_CHECKING:
@@ -26,11 +28,7 @@ if TYPE_CHECKING:
     from app.first_use import SetupNeeds
     from app.my_pipelines import JobOutcome
 
-CANCEL_NOTE = (
-    "Cancel stops the environment's step at its next line and removes the half-made "
-    "environment. The model's conversion cannot be interrupted: it runs to its end (about "
-    "half a minute) and, complete, is kept."
-)
+CANCEL_NOTE = LLM_CANCEL_NOTE
 LOG_LINES = 400
 
 
@@ -39,7 +37,14 @@ class SetupDialog(QDialog):
 
     ready = Signal()
 
-    def __init__(self, jobs: SetupJobs, needs: SetupNeeds, parent: QWidget | None = None) -> None:
+    def __init__(
+        self,
+        jobs: SetupJobs,
+        needs: SetupNeeds,
+        parent: QWidget | None = None,
+        *,
+        action: str = "Make them and run",
+    ) -> None:
         super().__init__(parent)
         self.setWindowTitle(f"Prepare {needs.pipeline.stem}")
         self.setObjectName("setupDialog")
@@ -47,14 +52,12 @@ class SetupDialog(QDialog):
         self.jobs = jobs
         self.needs = needs
         self._close_when_done = False
-        intro = QLabel(
-            f"{needs.pipeline.name} runs a language model, and this machine does not have "
-            "what it needs yet. The studio can make it now:"
-        )
+        self.cancel_note = needs.cancel_note()
+        self.intro_label = intro = QLabel(needs.intro())
         intro.setWordWrap(True)
         self.needs_label = QLabel("\n".join(f"• {line}" for line in needs.lines()))
         self.needs_label.setWordWrap(True)
-        note = QLabel(f"Made once in the user data folder and reused. {CANCEL_NOTE}")
+        note = QLabel(f"Made once in the user data folder and reused. {self.cancel_note}")
         note.setWordWrap(True)
         note.setStyleSheet(f"color: {NEUTRAL};")
         self.progress_bar = QProgressBar()
@@ -72,9 +75,7 @@ class SetupDialog(QDialog):
         self.error_label.setStyleSheet(f"color: {BAD};")
         self.error_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.buttons = QDialogButtonBox()
-        self.create_button = self.buttons.addButton(
-            "Make them and run", QDialogButtonBox.ButtonRole.AcceptRole
-        )
+        self.create_button = self.buttons.addButton(action, QDialogButtonBox.ButtonRole.AcceptRole)
         self.close_button = self.buttons.addButton(
             "Not now", QDialogButtonBox.ButtonRole.RejectRole
         )
@@ -115,7 +116,7 @@ class SetupDialog(QDialog):
             return False
         self.close_button.setEnabled(False)
         self.close_button.setText("Cancelling…")
-        self.step_label.setText(f"Cancelling. {CANCEL_NOTE}")
+        self.step_label.setText(f"Cancelling. {self.cancel_note}")
         return True
 
     def _close_clicked(self) -> None:

@@ -1,0 +1,122 @@
+"""Transcribing a file in the studio: a dropped WAV file opens the transcription pipeline and
+its transcript streams into the transcript view, segment by segment, equal to the pipeline's
+own output through the Python API; Copy and Save as (.txt, .srt); a file that is not audio
+gets a clear error; closing during a transcription leaves nothing behind.
+
+The recogniser's bundles are exported once per session; each transcription runs the encoder
+and decoder stages in two ONNX Runtime workers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pytest
+from PySide6.QtGui import QGuiApplication
+
+from app.models import InputKind, RunState
+from tests.app.support import wait_state, wait_topology
+from tests.app.transcribe_support import (
+    api_transcript,
+    drop_file,
+    recogniser_data,
+    speech,
+    write_wav,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+
+@pytest.fixture
+def recognisers(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    data = recogniser_data(tmp_path_factory)
+    monkeypatch.setenv("OMNI_EDGE_DATA_DIR", str(data))
+    return data
+
+
+@pytest.fixture
+def speech_wav(tmp_path: Path) -> Path:
+    return write_wav(tmp_path / "speech.wav", speech())
+
+
+def test_a_dropped_wav_file_streams_the_pipelines_own_transcript(
+    make_window: Callable[..., Any], qtbot: Any, recognisers: Path, speech_wav: Path, tmp_path: Path
+) -> None:
+    reference, reference_text = api_transcript(speech_wav)
+    assert len(reference) >= 2, "the file spans two 30 s windows"
+    window = make_window()
+    wait_topology(qtbot, window)
+    arrived: list[str] = []
+    window.bridge.transcript_segment.connect(lambda _segment: arrived.append("segment"))
+    window.bridge.run_finished.connect(lambda _outcome: arrived.append("finished"))
+    with qtbot.waitSignal(window.bridge.run_finished, timeout=300_000) as finished:
+        drop_file(window, speech_wav)
+    assert finished.args[0].status == "completed", finished.args[0].message
+    info = window.bridge.pipeline
+    assert info is not None
+    assert info.input_kind is InputKind.AUDIO
+    assert info.name == "transcribe"
+    view = window.transcribe.view
+    assert view.isVisibleTo(window)
+    assert not window.output.isVisibleTo(window)
+    # Each segment showed as it finished, before the run ended; equal to the Python API's.
+    assert arrived == ["segment"] * len(reference) + ["finished"]
+    assert [(s.start_s, s.end_s, s.text) for s in view.segments] == reference
+    assert " ".join(text for _start, _end, text in reference).split() == reference_text.split()
+    shown = view.text_view.toPlainText().splitlines()
+    assert len(shown) == len(reference)
+    assert shown[0].startswith("[0:00.00 → 0:30.00]")
+    assert shown[0].endswith(reference[0][2])
+    assert view.status.text().startswith("completed")
+    assert speech_wav.name in view.source_label.text()
+
+    assert view.copy()
+    assert QGuiApplication.clipboard().text() == view.text()
+    assert view.save(tmp_path / "transcript.txt")
+    assert (tmp_path / "transcript.txt").read_text(encoding="utf-8") == view.text() + "\n"
+    assert view.save(tmp_path / "transcript.srt")
+    srt = (tmp_path / "transcript.srt").read_text(encoding="utf-8")
+    assert srt.startswith("1\n00:00:00,000 --> 00:00:30,000\n" + reference[0][2] + "\n")
+    assert "\n2\n00:00:30,000 --> " in srt
+    wait_state(qtbot, window, RunState.LOADED)
+
+    # Run transcribes the same file again, with the stages still loaded: the same text.
+    with qtbot.waitSignal(window.bridge.run_finished, timeout=300_000) as again:
+        window.run_action.trigger()
+    assert again.args[0].status == "completed"
+    assert [(s.start_s, s.end_s, s.text) for s in view.segments] == reference
+
+
+def test_a_file_that_is_not_audio_is_refused_naming_it(
+    make_window: Callable[..., Any], qtbot: Any, recognisers: Path, tmp_path: Path
+) -> None:
+    window = make_window()
+    wait_topology(qtbot, window)
+    bogus = tmp_path / "notes.wav"
+    bogus.write_text("these are notes, not audio\n", encoding="utf-8")
+    with qtbot.waitSignal(window.transcribe.read_failed, timeout=60_000) as failed:
+        assert window.transcribe.transcribe_file(bogus)
+    assert failed.args[0].startswith(f"{bogus}: ")
+    assert "accepted: audio files" in failed.args[0]
+    assert window.banner.isVisible()
+    assert window.banner.message.text() == failed.args[0]
+    assert window.transcribe.view.status.text() == "failed"
+    assert window.bridge.request_id is None
+
+
+def test_closing_during_a_transcription_leaves_nothing(
+    make_window: Callable[..., Any], qtbot: Any, recognisers: Path, tmp_path: Path
+) -> None:
+    long_wav = write_wav(tmp_path / "long.wav", np.tile(speech(), 3))
+    window = make_window()
+    wait_topology(qtbot, window)
+    with qtbot.waitSignal(window.bridge.transcript_segment, timeout=300_000):
+        assert window.transcribe.transcribe_file(long_wav)
+    assert window.bridge.state is RunState.RUNNING
+    with qtbot.waitSignal(window.bridge.shut_down, timeout=60_000):
+        window.close()
+    assert window.bridge.ledger_snapshot().is_empty
+    # The residue guard (tests/conftest.py) then checks no worker, segment or reservation.
