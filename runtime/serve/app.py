@@ -4,6 +4,9 @@
 - ``POST /v1/chat/completions``: pipelines with a language-model stage, streamed (SSE) or not.
 - ``POST /v1/audio/speech``: speech pipelines; a WAV (streaming size) or raw PCM16 streamed as
   it is produced.
+- ``POST /v1/audio/transcriptions``: transcription pipelines, OpenAI's multipart form in;
+  json, text, verbose_json, srt or vtt out, or server-sent transcript events
+  (:mod:`runtime.serve.transcriptions`).
 - ``POST /v1/omni/run``: graph pipelines, an ``.npz`` in and an ``.npz`` out
   (``?model=NAME``).
 - ``GET /v1/omni/pipelines``: each pipeline's state and the requests holding its slots.
@@ -15,6 +18,7 @@ disconnects cancels its request through the orchestrator at once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import logging
@@ -28,20 +32,30 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 import numpy as np
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from runtime.audio.reader import TARGET_RATE
 from runtime.engine.outputs import AudioChunk
 from runtime.errors import OmniError
 from runtime.serve.errors import AUTHENTICATION, NOT_FOUND, ApiError, from_runtime_error, invalid
 from runtime.serve.limits import ServeLimits
-from runtime.serve.registry import CHAT, GRAPH, SPEECH, Submitted
+from runtime.serve.registry import CHAT, GRAPH, SPEECH, TRANSCRIPTION, Submitted
 from runtime.serve.requests import (
     decode_json,
     dump_npz,
     load_npz,
     parse_chat_request,
     parse_speech_request,
+)
+from runtime.serve.transcriptions import (
+    collect_transcript,
+    decode_upload,
+    parse_transcription_form,
+    read_transcription_form,
+    transcript_events,
+    transcription_body,
 )
 
 if TYPE_CHECKING:
@@ -247,6 +261,7 @@ class ServeApp:
             Route("/v1/models/{model:path}", self._wrap(self.model), methods=["GET"]),
             Route("/v1/chat/completions", self._wrap(self.chat), methods=["POST"]),
             Route("/v1/audio/speech", self._wrap(self.speech), methods=["POST"]),
+            Route("/v1/audio/transcriptions", self._wrap(self.transcriptions), methods=["POST"]),
             Route("/v1/omni/run", self._wrap(self.graph_run), methods=["POST"]),
             Route("/v1/omni/pipelines", self._wrap(self.pipelines), methods=["GET"]),
         ]
@@ -262,7 +277,7 @@ class ServeApp:
             error = ApiError(
                 404,
                 f"no endpoint {request.url.path}; accepted: /v1/models, /v1/chat/completions, "
-                "/v1/audio/speech, /v1/omni/run, /v1/omni/pipelines",
+                "/v1/audio/speech, /v1/audio/transcriptions, /v1/omni/run, /v1/omni/pipelines",
                 type=NOT_FOUND,
                 code="unknown_url",
             )
@@ -305,7 +320,8 @@ class ServeApp:
                 mapped = from_runtime_error(exc)
                 status = mapped.status
                 return _error_response(mapped)
-            except ClientGone:
+            except (ClientGone, ClientDisconnect):
+                # ClientDisconnect: the client went away while its body was being read.
                 status = 499
                 return Response(status_code=499)
             finally:
@@ -479,6 +495,29 @@ class ServeApp:
             chunk = AudioChunk.from_output(output)
             if chunk is not None and chunk.pcm.size:
                 yield _pcm16(chunk.pcm)
+
+    async def transcriptions(self, request: Request) -> Response:
+        form = await read_transcription_form(request, self.limits.max_audio_bytes)
+        try:
+            transcription, upload = parse_transcription_form(form)
+            pipeline = self._pipeline(request, transcription.model, TRANSCRIPTION)
+            decode = functools.partial(decode_upload, upload, max_seconds=pipeline.max_audio_s)
+            audio = await asyncio.get_running_loop().run_in_executor(None, decode)
+        finally:
+            # The upload's temporary file goes as soon as the audio is decoded.
+            await form.close()
+        submitted = await self._submit(pipeline, {"audio": audio, "sample_rate": TARGET_RATE})
+        del audio
+        if transcription.stream:
+            return _ClosingStream(transcript_events(submitted), submitted, "text/event-stream")
+        try:
+            transcript = await _unless_disconnected(request, collect_transcript(submitted))
+        finally:
+            submitted.close()
+        body, media = transcription_body(transcription.response_format, transcript)
+        if media is None:
+            return JSONResponse(body)
+        return Response(body, media_type=media)
 
     async def graph_run(self, request: Request) -> Response:
         name = request.query_params.get("model")

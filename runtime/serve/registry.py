@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from runtime.adapters.tts import SpeechAdapter
+from runtime.adapters.whisper import TranscribeAdapter
+from runtime.adapters.whisper_export import export_missing_recognisers
 from runtime.api import Omni
 from runtime.chat import ChatTemplate
 from runtime.config import LlmBackendConfig, PipelineConfig, load_pipeline
@@ -41,23 +43,28 @@ log = logging.getLogger("omni.serve")
 CHAT: Final = "chat"
 SPEECH: Final = "speech"
 GRAPH: Final = "graph"
-KINDS: Final = (CHAT, SPEECH, GRAPH)
+TRANSCRIPTION: Final = "transcription"
+KINDS: Final = (CHAT, SPEECH, GRAPH, TRANSCRIPTION)
 #: How long a cancelled request may take to be wound up before its stages are looked at.
 SETTLE_S: Final = 30.0
 
 
 def pipeline_kind(config: PipelineConfig) -> str:
-    """``chat`` (a language-model stage), ``speech`` (the speech adapter) or ``graph``
-    (tensors in, tensors out); UsageError for a pipeline none of the endpoints can drive."""
+    """``chat`` (a language-model stage), ``speech`` (the speech adapter), ``transcription``
+    (the transcription adapter) or ``graph`` (tensors in, tensors out); UsageError for a
+    pipeline none of the endpoints can drive."""
     if any(isinstance(stage.backend, LlmBackendConfig) for stage in config.stages):
         return CHAT
     if config.adapter is not None and config.adapter.name.endswith(":SpeechAdapter"):
         return SPEECH
+    if config.adapter is not None and config.adapter.name.endswith(":TranscribeAdapter"):
+        return TRANSCRIPTION
     if input_kind(config) == TENSOR_INPUT:
         return GRAPH
     raise UsageError(
         f"pipeline {config.pipeline} ({config.source}) cannot be served: accepted: a pipeline "
-        "with a language-model stage (chat), the speech adapter (speech) or tensors in (graph)"
+        "with a language-model stage (chat), the speech adapter (speech), the transcription "
+        "adapter (transcription) or tensors in (graph)"
     )
 
 
@@ -220,6 +227,14 @@ class ServedPipeline:
         return int(program.sample_rate)
 
     @property
+    def max_audio_s(self) -> float:
+        """The longest audio a transcription request may bring (the adapter's option)."""
+        program = self._omni.orchestrator.program if self._omni is not None else None
+        if not isinstance(program, TranscribeAdapter):
+            raise UsageError(f"pipeline {self.name} does not transcribe")
+        return program.options.max_audio_s
+
+    @property
     def max_model_len(self) -> int | None:
         lengths = [
             stage.backend.engine_args.max_model_len
@@ -346,6 +361,10 @@ class PipelineRegistry:
         self.ledger = ledger if ledger is not None else ResourceLedger(name="serve")
         self._background = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="omni-serve")
         self.pipelines: dict[str, ServedPipeline] = {}
+        for path in paths:
+            if not isinstance(path, PipelineConfig):
+                # A speech recogniser a pipeline names is made on first use, before it loads.
+                export_missing_recognisers(Path(path), progress or (lambda line: None))
         configs = [
             path if isinstance(path, PipelineConfig) else load_pipeline(Path(path))
             for path in paths
