@@ -14,7 +14,7 @@ from typing import Final
 import numpy as np
 from PySide6.QtCore import QObject, Qt, Signal
 
-from runtime.audio.devices import list_input_devices
+from runtime.audio.devices import AudioDeviceError, list_input_devices, rescan_output_devices
 from runtime.audio.input import SPEECH_RATE, AudioInput
 from runtime.errors import OmniError
 
@@ -51,9 +51,15 @@ class Recording:
         return self.samples.size / self.sample_rate
 
 
-def input_device_names() -> tuple[list[str], str | None]:
-    """The input devices' names and the default's, or ([], why) when there are none."""
+def input_device_names(*, rescan: bool = False) -> tuple[list[str], str | None]:
+    """The input devices' names, or ([], why) when there are none. ``rescan`` restarts
+    PortAudio first so a device plugged in since shows (skipped while a stream is open)."""
     try:
+        if rescan:
+            try:
+                rescan_output_devices()
+            except AudioDeviceError:
+                pass  # a stream is open: list what PortAudio knows
         devices = list_input_devices()
     except OmniError as exc:
         return [], str(exc)

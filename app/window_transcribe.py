@@ -209,7 +209,7 @@ class TranscribeHook(QObject):
     # -- the input device and Dictate ---------------------------------------------------
 
     def list_inputs(self) -> None:
-        names, problem = input_device_names()
+        names, problem = input_device_names(rescan=True)
         self.window.devices_panel.audio_input.show_devices(
             names, self.window.settings.input_device, problem
         )
