@@ -17,6 +17,7 @@ and what is accepted, with a stable ``code``: ``not_found``, ``empty``, ``not_au
 from __future__ import annotations
 
 import contextlib
+import io
 import math
 import os
 import shutil
@@ -45,6 +46,7 @@ __all__ = [
     "AudioInfo",
     "AudioReadError",
     "AudioStream",
+    "Source",
     "open_audio",
     "read_audio",
 ]
@@ -61,6 +63,8 @@ ACCEPTED_FORMATS: Final = (
     f"...) at {MIN_RATE:,} to {MAX_RATE:,} Hz with 1 to {MAX_CHANNELS} channels"
 )
 _SPOOL_PREFIX: Final = "omni-edge-audio-"
+#: A path, ``-`` for standard input, or a binary stream (an upload, a pipe).
+Source = str | os.PathLike[str] | IO[bytes] | io.RawIOBase | io.BufferedIOBase
 _COPY_BYTES: Final = 1 << 20
 
 
@@ -95,7 +99,7 @@ def _fail(source: str, code: str, problem: str) -> AudioReadError:
     )
 
 
-def _spool(stream: IO[bytes]) -> Path:
+def _spool(stream: IO[bytes] | io.RawIOBase | io.BufferedIOBase) -> Path:
     """Copy an unseekable stream to a private temporary file (removed by the caller)."""
     handle, name = tempfile.mkstemp(prefix=_SPOOL_PREFIX, suffix=".audio")
     path = Path(name)
@@ -108,7 +112,7 @@ def _spool(stream: IO[bytes]) -> Path:
     return path
 
 
-def _seekable(stream: IO[bytes]) -> bool:
+def _seekable(stream: IO[bytes] | io.RawIOBase | io.BufferedIOBase) -> bool:
     try:
         return bool(stream.seekable())
     except (AttributeError, OSError, ValueError):
@@ -244,7 +248,7 @@ def _too_long(source: str, seconds: float, limit: float, *, at_least: bool) -> A
 
 
 def open_audio(
-    source: str | os.PathLike[str] | IO[bytes],
+    source: Source,
     *,
     max_seconds: float | None = None,
     name: str | None = None,
@@ -342,7 +346,7 @@ def _check(info: AudioInfo, max_seconds: float | None) -> None:
 
 
 def read_audio(
-    source: str | os.PathLike[str] | IO[bytes],
+    source: Source,
     *,
     max_seconds: float | None = None,
     name: str | None = None,

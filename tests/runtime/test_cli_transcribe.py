@@ -186,7 +186,7 @@ def test_srt_vtt_and_json_are_well_formed(
     cues = srt.split("\n\n")
     assert cues[-1] == ""
     stamp = r"(\d\d):(\d\d):(\d\d),(\d\d\d)"
-    ends = []
+    ends: list[float] = []
     for number, cue in enumerate(cues[:-1], start=1):
         lines = cue.split("\n")
         assert lines[0] == str(number)
