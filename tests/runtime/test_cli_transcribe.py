@@ -162,6 +162,16 @@ def test_stdin_is_transcribed_and_its_copy_removed(
     assert done.returncode == EXIT_OK, done.stderr
     assert _words(json.loads(done.stdout)["text"]) == _words(FIRST)
     assert list(spool.iterdir()) == []
+    bad = _cli(
+        "transcribe",
+        "-",
+        stdin=b"this is not audio\n" * 100,
+        env={"TMPDIR": str(spool), "OMNI_EDGE_DATA_DIR": str(data_dir)},
+    )
+    assert bad.returncode == EXIT_USAGE
+    assert bad.stdout == ""
+    assert bad.stderr.startswith("omni-edge: stdin: not audio that can be read")
+    assert list(spool.iterdir()) == []
 
 
 def _long_clip(speech: tuple[np.ndarray, np.ndarray], seconds: float) -> np.ndarray:
