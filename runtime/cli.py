@@ -116,8 +116,11 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from .adapters.whisper_export import export_missing_recognisers
     from .planning import plan_pipeline
 
+    # A speech recogniser the pipeline names is made on first use, before its manifests load.
+    export_missing_recognisers(Path(args.pipeline), _progress)
     plan = plan_pipeline(args.pipeline, topology=_topology(args), selection=_selection(args))
     if args.json:
         _print_json(plan.to_json())

@@ -1,24 +1,26 @@
-"""The pipeline files the runtime writes for a caller: a bare bundle's one-stage pipeline."""
+"""The pipeline files the runtime writes for a caller: a bare bundle's one-stage pipeline, and
+what a pipeline names that is made on first use (the speech recogniser), made before it loads."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
 
+import numpy as np
 import pytest
 
+from runtime.cli import main
 from runtime.config import GraphBackendConfig, load_pipeline, parse_pipeline
 from runtime.devices import discover_topology
+from runtime.errors import EXIT_OK, ConfigError
 from runtime.pipeline_files import (
     BUNDLE_BASE_DEMAND,
     bundle_pipeline_text,
+    export_missing_voices,
     is_manifest_path,
     pipeline_for_bundle,
 )
 from runtime.pipeline_input import TENSOR_INPUT, example_text, input_kind
 from tests.workers.support import make_loop_bundle
-
-if TYPE_CHECKING:
-    from pathlib import Path
 
 
 @pytest.fixture
@@ -60,3 +62,54 @@ def test_a_bundle_pipeline_is_written_once_into_the_data_folder(
     assert is_manifest_path(manifest)
     assert is_manifest_path(manifest.parent)
     assert not is_manifest_path(path)
+
+
+TRANSCRIBE = Path(__file__).resolve().parents[2] / "assets" / "pipelines" / "transcribe.yaml"
+RECOGNISER_LINE = "exporting speech recogniser whisper 'tiny.en'"
+
+
+def test_plan_on_a_fresh_data_folder_makes_the_recogniser_first_with_progress(
+    data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from runtime.adapters.whisper_export import missing_recognisers
+
+    assert missing_recognisers(TRANSCRIBE) == ["tiny.en"]
+    assert main(["plan", str(TRANSCRIBE)]) == EXIT_OK
+    captured = capsys.readouterr()
+    assert RECOGNISER_LINE in captured.err
+    assert "validated against the NumPy reference" in captured.err
+    assert "admitted" in captured.out
+    assert (data_dir / "recognisers" / "whisper-tiny.en" / "decoder" / "manifest.json").is_file()
+    assert missing_recognisers(TRANSCRIBE) == []
+    # Made once: the next caller finds the bundles and exports nothing.
+    lines: list[str] = []
+    assert export_missing_voices(TRANSCRIBE, lines.append) == []
+    assert lines == []
+
+
+def test_run_on_a_fresh_data_folder_makes_the_recogniser_then_transcribes(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    assert main(["run", str(TRANSCRIBE), "--out", str(out)]) == EXIT_OK
+    assert RECOGNISER_LINE in capsys.readouterr().err
+    with np.load(out / "outputs.npz") as outputs:
+        text = str(outputs["text"])
+    # The example request: the bundled voice speaking a sentence the recogniser gets right.
+    assert text.strip() == "The quick brown fox jumps over the lazy dog."
+
+
+def test_a_pipeline_naming_an_unknown_recogniser_is_left_for_loading_to_report(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    pipeline = tmp_path / "ghost.yaml"
+    pipeline.write_text(
+        TRANSCRIBE.read_text(encoding="utf-8").replace("whisper-tiny.en", "whisper-ghost"),
+        encoding="utf-8",
+    )
+    lines: list[str] = []
+    assert export_missing_voices(pipeline, lines.append) == []
+    assert lines == []
+    assert not (data_dir / "recognisers").exists()
+    with pytest.raises(ConfigError, match=r"whisper-ghost/encoder/manifest\.json' does not exist"):
+        load_pipeline(pipeline)
