@@ -315,10 +315,15 @@ class TranscribeAdapter:
                         f"{ctx.stage_name(ENCODER_STAGE)} returned {sorted(encoded.outputs)}; "
                         f"expected {', '.join(names)}"
                     )
+                retained = tuple(cross)
                 prompt = rules.prompt(history if self.options.condition_on_previous_text else ())
                 window = WindowDecode.start(rules, prompt, cache)
                 while True:
-                    step = await ctx.call(DECODER_STAGE, {**window.step_inputs(), **cross})
+                    # The window's cross keys/values are copied into the decoder's input
+                    # buffers once and sent again in place on every later step.
+                    step = await ctx.call(
+                        DECODER_STAGE, {**window.step_inputs(), **cross}, retain=retained
+                    )
                     steps += 1
                     decoder_s += step.run_s
                     logits = step.outputs.get("logits")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from runtime.errors import StageRetired
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+    from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 
     import numpy as np
 
@@ -194,11 +194,15 @@ class GraphClient(StageClient, Protocol):
         inputs: Mapping[str, np.ndarray],
         *,
         on_sent: Callable[[], None] | None = None,
+        retain: Collection[str] = (),
     ) -> CallResult:
         """Run one call; raises ResourceUnavailable when the slot is taken.
 
         ``on_sent`` runs once the inputs were taken (the caller may let go of them). The
         result's arrays are read-only and valid until :meth:`acknowledge` or :meth:`cancel`.
+        Inputs named in ``retain`` are kept between calls of the request: passing the same
+        array object again costs no copy (freed when the request ends or is cancelled, or
+        when another array is passed under that name).
         """
         ...
 
@@ -213,6 +217,7 @@ class GraphClient(StageClient, Protocol):
         inputs: Mapping[str, np.ndarray],
         *,
         on_sent: Callable[[], None] | None = None,
+        retain: Collection[str] = (),
     ) -> CallResult:
         """:meth:`call` from a thread other than the loop's, blocking it until the result
         (only where :attr:`direct_calls` says so)."""

@@ -66,12 +66,12 @@ from runtime.errors import (
     VerificationError,
 )
 from runtime.host import spawn_worker
-from runtime.transport.arena import arena_size_for
+from runtime.transport.arena import ArenaSlot, arena_size_for
 from runtime.transport.channel import ARENA_THRESHOLD, ChannelClosed, ProtocolError, frame_acks
 from runtime.transport.shm import ShmError, new_prefix, sweep_segments
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Collection, Mapping
 
     from runtime.backends.threads import ThreadPlan
     from runtime.config import RouteConfig
@@ -96,6 +96,16 @@ class _SentCall:
     started: float
     bytes_in: int
     copied: int
+
+
+@dataclass(frozen=True, slots=True)
+class _RetainedInput:
+    """An input kept in this stage's arena between calls of one request: the array the
+    caller passed (compared by identity on the next call) and the pinned slot holding it."""
+
+    request_id: str
+    array: object
+    slot: ArenaSlot
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +256,8 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         self.threads = spec.threads
         # Direct calls read their results themselves while the loop lends them the pipe.
         self._borrowed: BorrowedReader | None = None
+        #: Inputs kept in the arena between calls of one request, by input name.
+        self._retained: dict[str, _RetainedInput] = {}
 
     # -- state -----------------------------------------------------------------------
 
@@ -548,6 +560,8 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         log.warning("%s: %s", self.name, error)
 
     def _fail_waiting(self, error: OmniError) -> None:
+        # The arena goes with the channel; nothing kept in it is sent again.
+        self._retained.clear()
         for _, future in list(self._pending.values()):
             if not future.done():
                 future.set_exception(error)
@@ -561,18 +575,27 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         inputs: Mapping[str, np.ndarray],
         *,
         on_sent: Callable[[], None] | None = None,
+        retain: Collection[str] = (),
     ) -> CallResult:
         """One call. The inputs are copied once, into this stage's arena (or inline into the
         frame) before the call goes out; ``on_sent`` runs right after that, so a caller may
         let go of the arrays it passed. The result's arrays are read-only views over the
         worker's buffers, valid until :meth:`acknowledge` (or :meth:`cancel`) frees the slot.
+
+        Inputs named in ``retain`` keep their arena slot after the call: a later call of the
+        same request that passes the very same array object (unchanged: it is not compared
+        by value) sends that slot again instead of copying it. The slot is freed when the
+        request ends or is cancelled (:meth:`cancel`), when a call passes another array under
+        that name, or when another request calls this stage.
         """
         assert self._loop is not None
         if self._borrowed is not None and self._borrowed.lent:
             await self._borrowed.take_back(self.timeouts.shutdown_s)
         future: asyncio.Future[Any] = self._loop.create_future()
         assert self._channel is not None
-        sent = self._send_call(key, inputs, future, from_loop=self._channel.loop_reading)
+        sent = self._send_call(
+            key, inputs, future, from_loop=self._channel.loop_reading, retain=retain
+        )
         try:
             if on_sent is not None:
                 on_sent()
@@ -594,6 +617,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         inputs: Mapping[str, np.ndarray],
         *,
         on_sent: Callable[[], None] | None = None,
+        retain: Collection[str] = (),
     ) -> CallResult:
         """:meth:`call` from a thread other than the loop's, blocking it until the result.
 
@@ -607,7 +631,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         with borrowed.lock:
             # The pipe is lent before the call goes out: its result is this thread's to read.
             lent = borrowed.borrow()
-            sent = self._send_call(key, inputs, future, from_loop=False)
+            sent = self._send_call(key, inputs, future, from_loop=False, retain=retain)
             borrowed.awake.sent()
             try:
                 if on_sent is not None:
@@ -684,6 +708,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         future: asyncio.Future[Any] | cf.Future[Any],
         *,
         from_loop: bool,
+        retain: Collection[str] = (),
     ) -> _SentCall:
         check_usable(self.name, self._failure, running=self.usable)
         if self._slot is not None:
@@ -705,9 +730,18 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         for array in inputs.values():
             bytes_in += int(np.asarray(array).nbytes)
         started = time.perf_counter()
+        placed, pin = self._retained_slots(key, inputs, retain)
+        slots: dict[str, ArenaSlot] = {}
         try:
             copied = channel.send_message(
-                message, inputs, owner=self.name, generation=call_id, from_loop=from_loop
+                message,
+                inputs,
+                owner=self.name,
+                generation=call_id,
+                from_loop=from_loop,
+                placed=placed,
+                pin=pin,
+                slots=slots,
             )
         except (ExecutionError, DescriptorError) as exc:
             # The call never reached the worker: nothing will answer it.
@@ -720,7 +754,60 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
             if isinstance(exc, DescriptorError):
                 raise ModelError(f"{self.name}: bad_input: {exc}") from exc
             raise
+        for name in pin:
+            slot = slots.get(name)
+            if slot is not None:
+                self._retained[name] = _RetainedInput(key.request_id, inputs[name], slot)
         return _SentCall(started, bytes_in, copied)
+
+    def _retained_slots(
+        self, key: RequestKey, inputs: Mapping[str, np.ndarray], retain: Collection[str]
+    ) -> tuple[dict[str, ArenaSlot], list[str]]:
+        """The kept slots this call sends again, and the inputs it asks to keep anew; drops
+        what another request kept and what this call replaces."""
+        channel = self._channel
+        arena = None if channel is None else channel.arena(self.name)
+        for name, entry in list(self._retained.items()):
+            if entry.request_id != key.request_id or (
+                name in inputs and (name not in retain or inputs[name] is not entry.array)
+            ):
+                self._unpin(name)
+        placed: dict[str, ArenaSlot] = {}
+        pin: list[str] = []
+        if arena is None:
+            return placed, pin
+        for name in retain:
+            if name not in inputs:
+                continue
+            kept = self._retained.get(name)
+            if kept is not None and arena.pinned(kept.slot.generation):
+                placed[name] = kept.slot
+            else:
+                self._retained.pop(name, None)
+                pin.append(name)
+        return placed, pin
+
+    def _unpin(self, name: str) -> None:
+        entry = self._retained.pop(name, None)
+        channel = self._channel
+        if entry is not None and channel is not None:
+            channel.unpin(self.name, entry.slot.generation)
+
+    def release_retained(self, request_id: str | None = None) -> int:
+        """Free the inputs kept for ``request_id`` (every request's when None); how many."""
+        names = [
+            name
+            for name, entry in self._retained.items()
+            if request_id is None or entry.request_id == request_id
+        ]
+        for name in names:
+            self._unpin(name)
+        return len(names)
+
+    @property
+    def retained_inputs(self) -> tuple[str, ...]:
+        """The names of the inputs kept in the arena now."""
+        return tuple(self._retained)
 
     def _call_failed(self, key: RequestKey) -> None:
         self._running = False
@@ -762,6 +849,8 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         return True
 
     async def cancel(self, key: RequestKey) -> None:
+        # The request ended or was cancelled: the inputs it kept go too.
+        self.release_retained(key.request_id)
         if self._slot is None or self._slot.request_id != key.request_id:
             return
         if not self._running:
@@ -837,6 +926,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
                 borrowed.close()
 
     def _close_waiting(self) -> None:
+        self.release_retained()
         for _, future in list(self._pending.values()):
             if not future.done():
                 future.set_exception(StageRetired(f"{self.name} was closed"))

@@ -46,7 +46,7 @@ from runtime.errors import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Collection, Mapping
 
     from runtime.backends.graph import GraphStageSpec
     from runtime.contracts import RequestKey
@@ -101,6 +101,8 @@ class InProcessGraphClient:
         self._slot: RequestKey | None = None
         self._running: asyncio.Future[CallOutcome] | None = None
         self._retained: Mapping[str, np.ndarray] | None = None
+        #: Inputs kept between calls of one request: name -> (request, caller's array, copy).
+        self._kept: dict[str, tuple[str, object, np.ndarray]] = {}
         self._retire_task: asyncio.Task[None] | None = None
         #: The reservation quarantined while a cancelled call runs on past its deadline.
         self._quarantined: str | None = None
@@ -235,10 +237,12 @@ class InProcessGraphClient:
         inputs: Mapping[str, np.ndarray],
         *,
         on_sent: Callable[[], None] | None = None,
+        retain: Collection[str] = (),
     ) -> CallResult:
         """One call. The inputs are copied once (as into a worker's buffers) before
         ``on_sent`` runs; the result's arrays are read-only and this stage's own, valid until
-        :meth:`acknowledge` (or :meth:`cancel`) frees the slot."""
+        :meth:`acknowledge` (or :meth:`cancel`) frees the slot. An input named in ``retain``
+        keeps its copy: the same array object passed again by the request is not copied."""
         from workers.errors import WorkerError
         from workers.ort_session import check_call_inputs
 
@@ -251,7 +255,7 @@ class InProcessGraphClient:
         runner, loop = self._runner, self._loop
         assert runner is not None
         assert loop is not None
-        arrays = {str(name): np.array(value, copy=True) for name, value in inputs.items()}
+        arrays, copied = self._copy_inputs(key, inputs, retain)
         try:
             check_call_inputs(arrays, self.buckets, self.route.max_io_bytes)
         except WorkerError as refused:
@@ -308,8 +312,37 @@ class InProcessGraphClient:
             round_trip_s=time.perf_counter() - started,
             bytes_in=bytes_in,
             bytes_out=sum(int(array.nbytes) for array in outputs.values()),
-            copied_bytes=bytes_in,
+            copied_bytes=copied,
         )
+
+    def _copy_inputs(
+        self, key: RequestKey, inputs: Mapping[str, np.ndarray], retain: Collection[str]
+    ) -> tuple[dict[str, np.ndarray], int]:
+        """This call's own copies of ``inputs`` (a kept one reused) and the bytes copied."""
+        for name, (request_id, source, _) in list(self._kept.items()):
+            if request_id != key.request_id or (
+                name in inputs and (name not in retain or inputs[name] is not source)
+            ):
+                del self._kept[name]
+        arrays: dict[str, np.ndarray] = {}
+        copied = 0
+        for name, value in inputs.items():
+            kept = self._kept.get(name)
+            if kept is not None:
+                arrays[str(name)] = kept[2]
+                continue
+            array = np.array(value, copy=True)
+            copied += int(array.nbytes)
+            if name in retain:
+                array.flags.writeable = False
+                self._kept[name] = (key.request_id, value, array)
+            arrays[str(name)] = array
+        return arrays, copied
+
+    @property
+    def retained_inputs(self) -> tuple[str, ...]:
+        """The names of the inputs kept now."""
+        return tuple(self._kept)
 
     def _on_done(self, future: asyncio.Future[CallOutcome], outcome: CallOutcome) -> None:
         """On the loop: a call ended (a cancelled one's outcome is dropped)."""
@@ -331,6 +364,7 @@ class InProcessGraphClient:
         inputs: Mapping[str, np.ndarray],
         *,
         on_sent: Callable[[], None] | None = None,
+        retain: Collection[str] = (),
     ) -> CallResult:
         raise UsageError(f"{self.name} runs in this process: its calls go through the loop")
 
@@ -343,6 +377,9 @@ class InProcessGraphClient:
         return True
 
     async def cancel(self, key: RequestKey) -> None:
+        for name, (request_id, _, _) in list(self._kept.items()):
+            if request_id == key.request_id:
+                del self._kept[name]
         if self._slot is None or self._slot.request_id != key.request_id:
             return
         running = self._running
@@ -372,6 +409,7 @@ class InProcessGraphClient:
         running, self._running = self._running, None
         self._slot = None
         self._retained = None
+        self._kept.clear()
         if running is not None and not running.done():
             running.set_exception(StageRetired(f"{self.name} was closed"))
         if self._loop is None:

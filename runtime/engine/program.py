@@ -20,7 +20,7 @@ import asyncio
 import dataclasses
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -384,6 +384,7 @@ class RequestContext:
         *,
         hold: bool = False,
         then_release: int | None = None,
+        retain: Collection[str] = (),
     ) -> CallResult:
         """One call of graph ``stage``.
 
@@ -392,7 +393,10 @@ class RequestContext:
         until then. Without it, the arrays are copied once and the slot is acknowledged at
         once. ``then_release`` names a stage held earlier whose slot is freed as soon as
         this call's inputs are written (a handoff reads the previous stage's outputs in
-        place and copies them once, into this stage's input buffers).
+        place and copies them once, into this stage's input buffers). Inputs named in
+        ``retain`` stay in the stage's input buffers for the request's later calls: passing
+        the same array object again (unchanged) sends it without a copy; they are freed when
+        the request ends or is cancelled, or when another array is passed under that name.
 
         While another request of the pipeline uses the stage, this waits its turn. A request
         cancelled while the program ran (during a handoff, say) starts no new call, so no
@@ -405,7 +409,9 @@ class RequestContext:
         try:
             self.check_cancelled()
             started = time.perf_counter()
-            result = await handle.client.call(self.request.key, tensors, on_sent=on_sent)
+            result = await handle.client.call(
+                self.request.key, tensors, on_sent=on_sent, retain=retain
+            )
         except BaseException:
             handle.lock.release()
             raise

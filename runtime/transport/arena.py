@@ -149,7 +149,7 @@ else:
 class _Slots:
     """The arena's bookkeeping, shared with its finalizer: free ranges and retained slots."""
 
-    __slots__ = ("closed", "lock", "mapping", "name", "offsets", "retained", "sizes")
+    __slots__ = ("closed", "lock", "mapping", "name", "offsets", "pinned", "retained", "sizes")
 
     def __init__(self, name: str, mapping: mmap.mmap) -> None:
         self.lock = threading.Lock()
@@ -159,6 +159,9 @@ class _Slots:
         self.retained: dict[int, ArenaSlot] = {}
         self.offsets: list[int] = []
         self.sizes: dict[int, int] = {}
+        # Pinned slots (kept across acknowledgements) and how many sends the peer has not
+        # acknowledged yet; unpinning frees one once that count is zero.
+        self.pinned: dict[int, int] = {}
         self.closed = False
 
     def release_all(self) -> None:
@@ -166,6 +169,7 @@ class _Slots:
             self.closed = True
             slots = list(self.retained.values())
             self.retained.clear()
+            self.pinned.clear()
             self.offsets.clear()
             self.sizes.clear()
             mapping, self.mapping = self.mapping, None
@@ -256,8 +260,11 @@ class ShmArena:
             start = offset + self._slots.sizes[offset]
         return start if self.size - start >= need else None
 
-    def put(self, data: np.ndarray[Any, Any]) -> ArenaSlot | None:
-        """Copy a contiguous array's bytes into a new slot (None: no room; nothing written)."""
+    def put(self, data: np.ndarray[Any, Any], *, pin: bool = False) -> ArenaSlot | None:
+        """Copy a contiguous array's bytes into a new slot (None: no room; nothing written).
+
+        A ``pin``-ned slot outlives its consumer's acknowledgements: it may be sent again
+        (:meth:`reuse`) and is freed by :meth:`unpin`."""
         source = data.reshape(-1).view(np.uint8)
         found = self.allocate(source.nbytes)
         if found is None:
@@ -268,10 +275,57 @@ class ShmArena:
         except BaseException:
             self.acknowledge(slot.generation)
             raise
+        if pin:
+            with self._slots.lock:
+                self._slots.pinned[slot.generation] = 1
         return slot
 
+    def reuse(self, generation: int) -> bool:
+        """A pinned slot is sent once more (its consumer acknowledges that send too); False
+        for a slot that is not pinned."""
+        slots = self._slots
+        with slots.lock:
+            if slots.pinned.get(generation, -1) < 0 or generation not in slots.retained:
+                return False
+            slots.pinned[generation] += 1
+            return True
+
+    def unpin(self, generation: int) -> bool:
+        """Stop keeping a pinned slot: freed now, or at the acknowledgement of its last send
+        still out. False for a slot that is not pinned."""
+        slots = self._slots
+        with slots.lock:
+            uses = slots.pinned.pop(generation, None)
+            if uses is None:
+                return False
+            if uses > 0:
+                # Freed when the consumer acknowledges what it still reads.
+                slots.pinned[generation] = -uses
+                return True
+        self._free(generation)
+        return True
+
     def acknowledge(self, generation: int) -> bool:
-        """The consumer is done with this buffer: free its slot. Stale or unknown: False."""
+        """The consumer is done with this buffer: free its slot (a pinned slot stays until
+        :meth:`unpin`). Stale or unknown: False."""
+        slots = self._slots
+        with slots.lock:
+            uses = slots.pinned.get(generation)
+            if uses is not None:
+                if uses > 0:
+                    slots.pinned[generation] = uses - 1
+                    return True
+                if uses == 0:
+                    # Kept, with no send out: a stale or duplicate acknowledgement.
+                    return False
+                if uses < -1:
+                    slots.pinned[generation] = uses + 1
+                    return True
+                # The last send out of an unpinned slot: now it goes.
+                del slots.pinned[generation]
+        return self._free(generation)
+
+    def _free(self, generation: int) -> bool:
         slots = self._slots
         with slots.lock:
             slot = slots.retained.pop(generation, None)
@@ -281,6 +335,11 @@ class ShmArena:
             del slots.sizes[slot.offset]
         _ACCOUNTANT.release(slot.nbytes)
         return True
+
+    def pinned(self, generation: int) -> bool:
+        """Whether ``generation`` is a pinned slot still kept for another send."""
+        with self._slots.lock:
+            return self._slots.pinned.get(generation, -1) >= 0
 
     def owns(self, generation: int) -> bool:
         with self._slots.lock:

@@ -37,7 +37,7 @@ from .shm import ShmConsumer, ShmError, ShmProducer, shm_supported, validate_pre
 
 if TYPE_CHECKING:
     import asyncio
-    from collections.abc import Callable, Iterable, Mapping, Sequence
+    from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
     import numpy.typing as npt
 
@@ -257,6 +257,8 @@ class FramedChannel:
         placed: Mapping[str, ArenaSlot] | None = None,
         before: Sequence[Message] = (),
         from_loop: bool = False,
+        pin: Collection[str] = (),
+        slots: dict[str, ArenaSlot] | None = None,
     ) -> int:
         """Send one frame; ``arrays`` become its buffers, in mapping order.
 
@@ -266,7 +268,10 @@ class FramedChannel:
         :data:`ARENA_THRESHOLD` is copied into ``owner``'s arena when it has one (one copy,
         into memory already mapped); an array named in ``placed`` already lies in that
         arena's slot (its producer wrote it there) and is sent as is. Other arrays above
-        ``shm_threshold`` go to a single segment. ``before`` are messages (acknowledgements)
+        ``shm_threshold`` go to a single segment. An array named in ``pin`` that goes to the
+        arena gets a pinned slot (kept across acknowledgements, sent again through ``placed``,
+        freed by :meth:`unpin`); ``slots`` receives the arena slot of each array written there.
+        ``before`` are messages (acknowledgements)
         written in the same write, ahead of this frame. The frame is checked against
         ``limits`` before anything is written; on any failure the buffers written for it are
         withdrawn. Returns the bytes copied into shared memory for this frame.
@@ -274,6 +279,7 @@ class FramedChannel:
         owner = owner or self.name
         parts: list[tuple[BufferDescriptor, memoryview | None]] = []
         written: list[tuple[ShmProducer | ShmArena, int]] = []
+        pinned: list[int] = []
         copied = 0
         placed = placed or {}
         arena = self._arenas.get(owner) if self._arenas else None
@@ -284,6 +290,8 @@ class FramedChannel:
                     array = np.asarray(value)
                     dtype = descriptor_dtype(array.dtype)
                     shape = tuple(int(dim) for dim in array.shape)
+                    # A pinned slot sent again: its consumer acknowledges this send too.
+                    arena.reuse(slot.generation)
                     written.append((arena, slot.generation))
                     parts.append(
                         (
@@ -297,8 +305,13 @@ class FramedChannel:
                 array, dtype = _wire_array(array_name, value)
                 shape = array.shape
                 if arena is not None and array.nbytes > ARENA_THRESHOLD:
-                    put = arena.put(array)
+                    keep = array_name in pin
+                    put = arena.put(array, pin=keep)
                     if put is not None:
+                        if keep:
+                            pinned.append(put.generation)
+                        if slots is not None:
+                            slots[array_name] = put
                         written.append((arena, put.generation))
                         copied += array.nbytes
                         parts.append(
@@ -335,8 +348,16 @@ class FramedChannel:
         except BaseException:
             for producer, segment_generation in written:
                 producer.acknowledge(segment_generation)
+            if arena is not None:
+                for generation_pinned in pinned:
+                    arena.unpin(generation_pinned)
             raise
         return copied
+
+    def unpin(self, owner: str, generation: int) -> bool:
+        """Stop keeping ``owner``'s pinned arena slot ``generation`` (see :meth:`send`)."""
+        arena = self.arena(owner)
+        return arena is not None and arena.unpin(generation)
 
     def send_message(
         self,
@@ -348,6 +369,8 @@ class FramedChannel:
         placed: Mapping[str, ArenaSlot] | None = None,
         acks: Iterable[tuple[str, int]] = (),
         from_loop: bool = False,
+        pin: Collection[str] = (),
+        slots: dict[str, ArenaSlot] | None = None,
     ) -> int:
         """Send a protocol message; ``arrays`` must be keyed by its tensor names, in order.
 
@@ -369,6 +392,8 @@ class FramedChannel:
             placed=placed,
             before=[AckMessage(owner, gen) for owner, gen in acks],
             from_loop=from_loop,
+            pin=pin,
+            slots=slots,
         )
 
     def send_acks(self, acks: Iterable[tuple[str, int]], *, from_loop: bool = False) -> None:

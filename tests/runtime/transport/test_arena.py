@@ -232,3 +232,47 @@ def test_an_arena_buffer_past_its_end_is_a_protocol_error(
     assert info.value.code == "shm_size_mismatch"
     with pytest.raises(ChannelTimeout):
         left.read_frame(timeout_s=0.05)
+
+
+def test_a_pinned_slot_outlives_acknowledgements_until_unpinned(shm_prefix: str) -> None:
+    arena = ShmArena("stage", shm_prefix, 64 * KIB)
+    try:
+        before = process_retained()
+        slot = arena.put(np.ones(1024, np.float32), pin=True)
+        assert slot is not None
+        # The consumer read it once and acknowledged it: the slot stays.
+        assert arena.acknowledge(slot.generation)
+        assert arena.pinned(slot.generation)
+        assert arena.owns(slot.generation)
+        # A duplicate acknowledgement with nothing out is stale, and frees nothing.
+        assert not arena.acknowledge(slot.generation)
+        assert arena.owns(slot.generation)
+        # Sent again, then unpinned while that send is still out: freed at its acknowledgement.
+        assert arena.reuse(slot.generation)
+        assert arena.unpin(slot.generation)
+        assert arena.owns(slot.generation)
+        assert not arena.pinned(slot.generation)
+        assert not arena.reuse(slot.generation)
+        assert arena.acknowledge(slot.generation)
+        assert not arena.owns(slot.generation)
+        assert process_retained() == before
+        # Unpinned with nothing out: freed at once.
+        again = arena.put(np.ones(1024, np.float32), pin=True)
+        assert again is not None
+        assert arena.acknowledge(again.generation)
+        assert arena.unpin(again.generation)
+        assert not arena.owns(again.generation)
+        assert not arena.unpin(again.generation)
+        assert process_retained() == before
+    finally:
+        arena.close()
+
+
+def test_closing_an_arena_frees_its_pinned_slots(shm_prefix: str) -> None:
+    before = process_retained()
+    arena = ShmArena("stage", shm_prefix, 64 * KIB)
+    slot = arena.put(np.ones(1024, np.float32), pin=True)
+    assert slot is not None
+    arena.close()
+    assert process_retained() == before
+    assert shm_names(shm_prefix) == set()
