@@ -196,6 +196,7 @@ class ChatView(QWidget):
         )
         self.dictate_button.clicked.connect(self.dictate_requested)
         self.dictate_meter = LevelMeter()
+        self.dictate_meter.setMinimumWidth(70)
         self.dictate_meter.setMaximumWidth(120)
         self.dictate_meter.hide()
         self.status = StatusChip("no reply yet")
@@ -488,12 +489,14 @@ class ChatView(QWidget):
             self.dictate_meter.clear()
 
     def insert_dictation(self, text: str) -> None:
-        """Put dictated ``text`` into the message box at the cursor (never sends it)."""
+        """Add dictated ``text`` to the end of the message box, after a space (never sends
+        it); the cursor is left after it, so the next dictation continues the message."""
         text = text.strip()
         if not text:
             return
         cursor = self.composer.textCursor()
-        before = self.composer.toPlainText()[: cursor.position()]
+        cursor.movePosition(cursor.MoveOperation.End)
+        before = self.composer.toPlainText()
         if before and not before[-1].isspace():
             text = " " + text
         cursor.insertText(text)

@@ -83,8 +83,19 @@ def test_dictate_puts_the_clips_transcript_in_the_message_box(
     sent: list[object] = []
     chat.submit_requested.connect(sent.append)
     recorder = window.transcribe.recorder
+    # Test shows the input's level without recording; Dictate then takes the input over.
     with qtbot.waitSignal(recorder.level, timeout=10_000):
+        box.test_button.click()
+    assert recorder.running
+    assert not recorder.keeping
+    assert box.meter.updates > 0
+    with qtbot.waitSignal(
+        recorder.running_changed, timeout=10_000, check_params_cb=lambda on: on and recorder.keeping
+    ):
         qtbot.mouseClick(chat.dictate_button, Qt.MouseButton.LeftButton)
+    assert not box.test_button.isChecked()
+    with qtbot.waitSignal(recorder.level, timeout=10_000):
+        pass
     assert chat.dictate_button.isChecked()
     assert chat.dictate_meter.isVisibleTo(window)
     player = FilePlayer(soxr.resample(clip, 16000, jack_input.rate).astype(np.float32))
@@ -118,3 +129,26 @@ def test_dictate_puts_the_clips_transcript_in_the_message_box(
     # The transcription pipeline is loaded beside the chat, on the studio's one ledger.
     owners = {row.owner for row in window.bridge.ledger_snapshot().reservations}
     assert any("transcribe" in owner for owner in owners), owners
+
+
+def test_dictated_text_goes_to_the_end_of_the_message_unsent(
+    make_window: Callable[..., Any], qtbot: Any
+) -> None:
+    chat = make_window().chat
+    sent: list[object] = []
+    chat.submit_requested.connect(sent.append)
+    chat.composer.setPlainText("Summarise this:")
+    chat.insert_dictation("  The quick brown fox. ")
+    chat.insert_dictation("")
+    chat.insert_dictation("It jumps.")
+    assert chat.composer.toPlainText() == "Summarise this: The quick brown fox. It jumps."
+    assert chat.composer.textCursor().position() == len(chat.composer.toPlainText())
+    assert sent == []
+    chat.set_dictating("recording")
+    assert chat.dictate_button.isChecked()
+    assert chat.dictate_button.text() == "Stop dictating"
+    chat.set_dictating("transcribing")
+    assert not chat.dictate_button.isEnabled()
+    chat.set_dictating("idle")
+    assert chat.dictate_button.text() == "Dictate"
+    assert not chat.dictate_button.isChecked()

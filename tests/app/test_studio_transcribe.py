@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from PySide6.QtGui import QGuiApplication
 
-from app.models import InputKind, RunState
+from app.models import InputKind, RunState, TranscriptSegment
+from app.transcripts import audio_paths, clock, srt_text, transcript_text
 from tests.app.support import wait_state, wait_topology
 from tests.app.transcribe_support import (
     api_transcript,
@@ -120,3 +121,22 @@ def test_closing_during_a_transcription_leaves_nothing(
         window.close()
     assert window.bridge.ledger_snapshot().is_empty
     # The residue guard (tests/conftest.py) then checks no worker, segment or reservation.
+
+
+def test_transcript_times_as_text_and_subrip() -> None:
+    segments = [
+        TranscriptSegment("r", 0, 0.0, 30.0, "First window."),
+        TranscriptSegment("r", 1, 30.0, 3725.456, "Second, past an hour."),
+    ]
+    assert clock(3725.456) == "1:02:05.45"
+    assert clock(62.5) == "1:02.50"
+    assert clock(62.5, srt=True) == "00:01:02,500"
+    assert transcript_text(segments) == (
+        "[0:00.00 → 0:30.00]  First window.\n[0:30.00 → 1:02:05.45]  Second, past an hour."
+    )
+    assert transcript_text(segments, times=False) == "First window. Second, past an hour."
+    assert srt_text(segments) == (
+        "1\n00:00:00,000 --> 00:00:30,000\nFirst window.\n\n"
+        "2\n00:00:30,000 --> 01:02:05,456\nSecond, past an hour.\n"
+    )
+    assert audio_paths(["a.WAV", "b.yaml", "c.flac", "d.txt"]) == [Path("a.WAV"), Path("c.flac")]
