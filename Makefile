@@ -54,7 +54,7 @@ gpu-check:
 # Refresh docs/screenshots/ (the studio on Xvfb during a run, each panel, Add model…,
 # the first-use offer).
 screenshots: setup
-	OMNI_EDGE_SCREENSHOTS=$(CURDIR)/docs/screenshots $(BIN)/pytest tests/app/test_studio_screenshots.py tests/app/test_add_model_screenshots.py
+	OMNI_EDGE_SCREENSHOTS=$(CURDIR)/docs/screenshots $(BIN)/pytest tests/app/test_studio_screenshots.py tests/app/test_add_model_screenshots.py tests/app/test_studio_transcribe_screenshots.py
 
 lint: setup
 	$(BIN)/ruff check .
