@@ -141,14 +141,17 @@ class _Progress:
         self.write = write
         self.enabled = total_s is None or total_s >= PROGRESS_FROM_S
         self.last = time.monotonic()
+        self.shown = ""
 
     def __call__(self, done_s: float, *, force: bool = False) -> None:
         now = time.monotonic()
         if not self.enabled or (not force and now - self.last < PROGRESS_EVERY_S):
             return
-        self.last = now
         total = "" if self.total_s is None else f" of {clock(self.total_s)}"
-        self.write(f"{self.verb} {clock(done_s)}{total}")
+        line = f"{self.verb} {clock(done_s)}{total}"
+        if line != self.shown:
+            self.last, self.shown = now, line
+            self.write(line)
 
 
 class _Output:
