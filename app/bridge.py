@@ -64,6 +64,7 @@ from app.presenters import (
     plan_view,
     queue_audio,
 )
+from runtime.api import Omni
 from runtime.devices import (
     DeviceSelection,
 )
@@ -284,6 +285,14 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
 
     def ledger_snapshot(self) -> LedgerView:
         return ledger_view(self.ledger.snapshot())
+
+    def start_beside(
+        self, path: Path, topology: Topology | None, selection: DeviceSelection
+    ) -> Omni:
+        """Start the pipeline ``path`` beside the open one, on the studio's ledger, so the two
+        share the machine's memory (blocks while it loads: call it off the GUI thread, as the
+        dictation's transcriber does)."""
+        return Omni(path, ledger=self.ledger, topology=topology, selection=selection)
 
     # -- commands (GUI thread) ----------------------------------------------------------
 

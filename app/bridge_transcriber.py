@@ -1,6 +1,7 @@
 """The part of the bridge that transcribes dictation while another pipeline (a chat) is open:
-the transcription pipeline loaded beside it, on the studio's ledger (so the two share the
-machine's memory as pipelines loaded together do), on a control thread of its own. It loads
+the transcription pipeline loaded beside it (``RuntimeBridge.start_beside``: on the studio's
+ledger, so the two share the machine's memory as pipelines loaded together do), on a control
+thread of its own. It loads
 on the first dictation and stays loaded until the window closes; ``transcribed`` carries the
 text (or why there is none) to the GUI thread."""
 
@@ -8,24 +9,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from PySide6.QtCore import QObject, Qt, Signal
 
 from app.control import ControlThread
-from runtime.api import Omni
 from runtime.errors import OmniError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
     from pathlib import Path
 
     import numpy as np
 
     from runtime.devices import DeviceSelection, Topology
-    from runtime.ledger import ResourceLedger
 
-__all__ = ["Transcriber", "Transcription"]
+__all__ = ["Loaded", "Transcriber", "Transcription"]
+
+
+class Loaded(Protocol):
+    """A pipeline started beside the open one (``RuntimeBridge.start_beside``)."""
+
+    def generate(self, inputs: Any = None, *, request_id: str | None = None) -> Iterator[Any]: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,15 +56,15 @@ class Transcriber(QObject):
     def __init__(
         self,
         pipeline: Path,
-        ledger: ResourceLedger,
+        start: Callable[[Path, Topology | None, DeviceSelection], Loaded],
         machine: Callable[[], tuple[Topology | None, DeviceSelection]],
         parent: QObject | None = None,
     ) -> None:
         super().__init__(parent)
         self.pipeline = pipeline
-        self._ledger = ledger
+        self._start = start
         self._machine = machine
-        self._omni: Omni | None = None  # control thread only
+        self._omni: Loaded | None = None  # control thread only
         self._pending = 0
         self._closing = False
         self._posted.connect(lambda callback: callback(), Qt.ConnectionType.QueuedConnection)
@@ -113,9 +120,7 @@ class Transcriber(QObject):
             if self._closing:
                 raise OmniError("the studio is closing")
             if self._omni is None:
-                self._omni = Omni(
-                    self.pipeline, ledger=self._ledger, topology=topology, selection=selection
-                )
+                self._omni = self._start(self.pipeline, topology, selection)
             text = ""
             for output in self._omni.generate({"audio": samples, "sample_rate": sample_rate}):
                 if output.finished:

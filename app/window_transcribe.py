@@ -278,7 +278,7 @@ class TranscribeHook(QObject):
             bridge = self.window.bridge
             self.transcriber = Transcriber(
                 self.pipeline_path(),
-                bridge.ledger,
+                bridge.start_beside,
                 lambda: (bridge.topology, bridge.selection),
                 parent=self,
             )
