@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -24,8 +25,8 @@ import soxr
 
 from runtime.adapters.whisper_export import spoken_clips
 from runtime.cli import main
-from runtime.errors import EXIT_OK, EXIT_USAGE
-from tests.runtime.engine.support import shm_entries
+from runtime.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from tests.runtime.engine.support import process_gone, shm_entries
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -363,6 +364,46 @@ def test_a_long_file_streams_with_progress(
     assert len(read) > 5
     # One line per segment (the last ends at 3:00), each once.
     assert done == [("0", "30"), ("1", "00"), ("3", "00")]
+
+
+def test_ctrl_c_leaves_nothing_behind(
+    made: list[str], speech: tuple[np.ndarray, np.ndarray], tmp_path: Path, data_dir: Path
+) -> None:
+    """Interrupted after its first segment, a transcription of standard input exits 130 with
+    its workers, their shared memory and every temporary file gone."""
+    spool = tmp_path / "tmp"
+    spool.mkdir()
+    path = tmp_path / "long.flac"
+    sf.write(path, _long_clip(speech, 180.0), RATE)
+    with path.open("rb") as stdin:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "runtime.cli", "transcribe", "-"],
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=REPO,
+            env={**os.environ, "TMPDIR": str(spool), "OMNI_EDGE_DATA_DIR": str(data_dir)},
+        )
+        try:
+            assert process.stdout is not None
+            first = process.stdout.readline().decode()
+            assert first.startswith("[00:00:00.000 --> "), first
+            workers = psutil.Process(process.pid).children(recursive=True)
+            assert workers
+            # The copy of stdin went once its features were made, before the workers started.
+            assert not [p for p in spool.iterdir() if p.name.startswith("omni-edge-audio-")]
+            process.send_signal(signal.SIGINT)
+            _, err = process.communicate(timeout=120)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert process.returncode == EXIT_INTERRUPTED, err.decode()
+    assert "interrupted" in err.decode()
+    for worker in workers:
+        assert process_gone(worker.pid)
+    assert shm_entries(f"oe-{process.pid}-") == set()
+    assert list(spool.iterdir()) == []
 
 
 def test_features_of_a_long_file_need_their_own_memory_only(tmp_path: Path) -> None:
