@@ -5,7 +5,8 @@ Four parts, each a real run (``make reliability`` runs this script):
 1. the fault matrix and the security checks (``tests/reliability``, as ``make test`` runs
    them): per fault the typed error, the recovery time against its bound, leaks, and
    whether the pipeline served again;
-2. the property fuzzers (Hypothesis) with ``--fuzz-examples`` examples per target;
+2. the property fuzzers (Hypothesis) with ``--fuzz-examples`` examples per target (the
+   parsers, and ``POST /v1/audio/transcriptions`` serving the transcription pipeline);
 3. coverage-guided fuzzing with Atheris, ``--atheris-runs`` inputs per target, when Atheris
    is installed;
 4. the soak: ``--soak-requests`` requests across the add, MLP-chain and speech demos with
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         fuzz = _pytest(
             "fuzz",
-            [str(TESTS / "test_fuzz.py")],
+            [str(TESTS / "test_fuzz.py"), str(TESTS / "test_fuzz_transcriptions.py")],
             "slow",
             {"HYPOTHESIS_PROFILE": "slow", "OMNI_FUZZ_EXAMPLES": str(args.fuzz_examples)},
             work,
