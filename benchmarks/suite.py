@@ -35,6 +35,7 @@ from benchmarks import (
     memory,
     serve_load,
     speech_figures,
+    speech_in,
     startup,
     studio_figures,
     vllm_figures,
@@ -64,7 +65,7 @@ README: Final = PROJECT_ROOT / "README.md"
 JSON_NAME: Final = "latest.json"
 MARKDOWN_NAME: Final = "latest.md"
 #: Benchmarks whose pipelines need the exported speech voice.
-NEEDS_VOICE: Final = frozenset({"speech", "studio", "memory", "serve", "llm_cold"})
+NEEDS_VOICE: Final = frozenset({"speech", "speech_in", "studio", "memory", "serve", "llm_cold"})
 
 
 def all_benchmarks() -> list[Benchmark]:
@@ -75,6 +76,7 @@ def all_benchmarks() -> list[Benchmark]:
         startup.BENCHMARK,
         ledger_ops.BENCHMARK,
         speech_figures.BENCHMARK,
+        speech_in.BENCHMARK,
         vllm_figures.BENCHMARK,
         llm_cold.BENCHMARK,
         studio_figures.BENCHMARK,
