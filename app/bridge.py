@@ -64,6 +64,7 @@ from app.presenters import (
     plan_view,
     queue_audio,
 )
+from runtime.adapters.whisper_export import export_missing_recognisers
 from runtime.api import Omni
 from runtime.devices import (
     DeviceSelection,
@@ -484,6 +485,8 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         try:
             if not is_manifest_path(path):
                 export_missing_voices(path, progress=self._post_studio_line)
+                # Offered first in the window; exported here only where no offer is made.
+                export_missing_recognisers(path, progress=self._post_studio_line)
             opened = describe_pipeline(
                 path, self._ctl_topology, self._ctl_selection, self.ledger.snapshot()
             )

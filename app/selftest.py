@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from app.window import MainWindow
 
 SPEECH_TEXT = "Omni Edge Studio self test."
+#: What the voice says for a transcription demo (the recogniser's export validates on it).
+TRANSCRIBED_TEXT = "The quick brown fox jumps over the lazy dog."
 
 
 #: A warning the offscreen platform prints for every window it shows; not a problem.
@@ -121,6 +123,28 @@ def chain_reference(path: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, n
     return outputs
 
 
+def _normalised(text: str) -> str:
+    """Lower-case words, punctuation dropped: what a transcript is compared by."""
+    return " ".join("".join(c if c.isalnum() else " " for c in text.lower()).split())
+
+
+def _spoken_file() -> Path:
+    """TRANSCRIBED_TEXT spoken by the bundled voice, as a WAV file in a temporary folder
+    (removed when the process exits)."""
+    import atexit
+    import shutil
+
+    import soundfile
+
+    from runtime.adapters.whisper_export import spoken_clip
+
+    temporary = Path(tempfile.mkdtemp(prefix="omni-studio-selftest-audio-"))
+    atexit.register(shutil.rmtree, temporary, True)
+    path = temporary / "speech.wav"
+    soundfile.write(str(path), spoken_clip(TRANSCRIBED_TEXT), 16000, subtype="FLOAT")
+    return path
+
+
 def _run_demo(window: MainWindow, path: Path, timeout_s: float) -> DemoResult:
     bridge = window.bridge
     started = time.perf_counter()
@@ -149,7 +173,13 @@ def _run_demo(window: MainWindow, path: Path, timeout_s: float) -> DemoResult:
     elif info.input_kind is InputKind.TEXT:
         window.run_pane.text_input.setPlainText(SPEECH_TEXT)
     window.stall_monitor.reset()
-    window.run()
+    if info.input_kind is InputKind.AUDIO:
+        # A transcription pipeline transcribes the bundled voice speaking TRANSCRIBED_TEXT,
+        # from a file opened as a user opens one (Run would ask for the file).
+        if not window.transcribe.transcribe_file(_spoken_file()):
+            raise StepFailed("the studio refused to transcribe the spoken file")
+    else:
+        window.run()
     wait_until(
         lambda: bool(outcomes) and bridge.state in (RunState.LOADED, RunState.READY),
         [bridge.run_finished, bridge.state_changed],
@@ -193,6 +223,8 @@ def _run_demo(window: MainWindow, path: Path, timeout_s: float) -> DemoResult:
         samples = waveform.samples[: waveform.sample_count]
         chunks = waveform.chunks
         texts = window.chat.reply_chunks if info.chat else window.output.text_view.chunks
+        if info.input_kind is InputKind.AUDIO:
+            texts = len(window.transcribe.view.segments)
         if chunks == 0 and texts == 0:
             raise StepFailed("the run completed without audio or text")
         if not np.all(np.isfinite(samples)):
@@ -207,6 +239,12 @@ def _run_demo(window: MainWindow, path: Path, timeout_s: float) -> DemoResult:
             "real_time_factor": None if metrics is None else metrics.real_time_factor,
         }
         detail = f"{chunks} audio chunks, {waveform.duration_s:.2f} s at {waveform.sample_rate} Hz, {texts} text chunks"
+        if info.input_kind is InputKind.AUDIO:
+            spoken = " ".join(part.text.strip() for part in window.transcribe.view.segments)
+            if _normalised(spoken) != _normalised(TRANSCRIBED_TEXT):
+                raise StepFailed(f"the transcript {spoken!r} is not {TRANSCRIBED_TEXT!r}")
+            summary["transcript"] = window.transcribe.view.text()
+            detail = f"{texts} segments: {window.transcribe.view.text()}"
     if bridge.state is RunState.LOADED:
         bridge.unload()
     wait_until(

@@ -9,6 +9,7 @@ and decoder stages in two ONNX Runtime workers.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ from PySide6.QtGui import QGuiApplication
 from app.models import InputKind, RunState, TranscriptSegment
 from app.transcripts import audio_paths, clock, srt_text, transcript_text
 from tests.app.support import wait_state, wait_topology
+from tests.app.test_studio_selftest import _assets, _self_test
 from tests.app.transcribe_support import (
     api_transcript,
     drop_file,
@@ -140,3 +142,20 @@ def test_transcript_times_as_text_and_subrip() -> None:
         "2\n00:00:30,000 --> 01:02:05,456\nSecond, past an hour.\n"
     )
     assert audio_paths(["a.WAV", "b.yaml", "c.flac", "d.txt"]) == [Path("a.WAV"), Path("c.flac")]
+
+
+def test_the_self_test_transcribes_the_voice_with_the_transcription_demo(
+    demo_root: Path, tmp_path: Path
+) -> None:
+    """Headless, no offer is made: opening the demo exports the recogniser (as the command
+    line does on first use), and the demo transcribes the bundled voice."""
+    assets = _assets(demo_root, tmp_path, ("transcribe",))
+    result = _self_test(assets, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))
+    demos = [result for result in report["results"] if result["path"].endswith("transcribe.yaml")]
+    assert len(demos) == 1, report["results"]
+    assert demos[0]["ok"], demos[0]
+    assert "1 segments: [0:00.00 → " in demos[0]["detail"]
+    assert demos[0]["outputs"]["transcript"].strip()
+    assert (tmp_path / "data" / "recognisers" / "whisper-tiny.en").is_dir()
