@@ -212,3 +212,83 @@ def test_the_request_context_passes_retain_and_metrics_show_the_single_copy(
             assert client.retained_inputs == ()
 
     asyncio.run(scenario())
+
+
+@pytest.fixture(scope="module")
+def loop_manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.workers.support import make_loop_bundle
+
+    return make_loop_bundle(tmp_path_factory.mktemp("loop"))
+
+
+def test_cancelling_an_active_call_on_a_kept_slot_retires_the_worker_and_frees_it(
+    loop_manifest: Path, tmp_path: Path, options: dict[str, Any]
+) -> None:
+    from tests.runtime.engine.support import ENDLESS_STEPS, process_gone, wait_busy
+
+    async def scenario() -> None:
+        pipeline = write_pipeline(tmp_path / "loop.yaml", StageSpec(loop_manifest, max_io="4MiB"))
+        async with _stages(pipeline, options) as runtime:
+            client = _client(runtime)
+            baseline = process_retained()
+            with np.load(loop_manifest.parent / "inputs.npz", allow_pickle=False) as archive:
+                x = archive["x"]
+            key = RequestKey("r1")
+            first = await client.call(key, {"x": x, "n": np.array(1, np.int64)}, retain=("x",))
+            assert first.copied_bytes == x.nbytes
+            client.acknowledge(key)
+            assert client.retained_inputs == ("x",)
+            pid = int(client.record().to_json()["worker"]["pid"])
+            call = asyncio.ensure_future(
+                client.call(key, {"x": x, "n": np.array(ENDLESS_STEPS, np.int64)}, retain=("x",))
+            )
+            await asyncio.to_thread(wait_busy, pid)
+            await client.cancel(key)
+            with pytest.raises(Exception, match="cancelled"):
+                await call
+            assert client.retained_inputs == ()
+            assert not client.usable
+            for _ in range(500):
+                if process_gone(pid) and process_retained() == baseline:
+                    break
+                await asyncio.sleep(0.01)
+            assert process_gone(pid)
+            assert process_retained() == baseline
+
+    asyncio.run(scenario())
+
+
+def test_a_retained_input_without_room_in_the_arena_is_copied_each_call(
+    add_manifest: Path, tmp_path: Path, options: dict[str, Any]
+) -> None:
+    """The arena holds two calls' inputs; what does not fit goes the way it went before
+    arenas (inline in the frame, for these sizes), so nothing is kept and every call sends
+    it again (the results stay right)."""
+
+    async def scenario() -> None:
+        async with _stages(_worker_pipeline(tmp_path, add_manifest), options) as runtime:
+            client = _client(runtime)
+            channel = client._channel
+            assert channel is not None
+            arena = channel.arena(client.name)
+            assert arena is not None
+            # Fill the arena so no slot is free for this call's inputs.
+            filler = arena.allocate(arena.size)
+            assert filler is not None
+            try:
+                key = RequestKey("r1")
+                a = np.arange(N, dtype=np.float32)
+                for step in range(2):
+                    result = await client.call(key, {"a": a, "b": _b(step)}, retain=("a",))
+                    np.testing.assert_array_equal(result.outputs["c"], a + step)
+                    # Inline in the frame: no shared-memory copy counted, and nothing pinned.
+                    assert result.copied_bytes == 0
+                    assert arena.retained_count == 1  # the filler alone
+                    client.acknowledge(key)
+                assert client.retained_inputs == ()
+            finally:
+                arena.acknowledge(filler[0].generation)
+            await client.cancel(RequestKey("r1"))
+            assert await _settled(client) == 0
+
+    asyncio.run(scenario())
