@@ -172,11 +172,13 @@ def _run_demo(window: MainWindow, path: Path, timeout_s: float) -> DemoResult:
         window.chat.composer.setPlainText(SPEECH_TEXT)
     elif info.input_kind is InputKind.TEXT:
         window.run_pane.text_input.setPlainText(SPEECH_TEXT)
+    # Spoken before the event loop is watched: the voice speaks on this thread.
+    spoken_file = _spoken_file() if info.input_kind is InputKind.AUDIO else None
     window.stall_monitor.reset()
-    if info.input_kind is InputKind.AUDIO:
+    if spoken_file is not None:
         # A transcription pipeline transcribes the bundled voice speaking TRANSCRIBED_TEXT,
         # from a file opened as a user opens one (Run would ask for the file).
-        if not window.transcribe.transcribe_file(_spoken_file()):
+        if not window.transcribe.transcribe_file(spoken_file):
             raise StepFailed("the studio refused to transcribe the spoken file")
     else:
         window.run()

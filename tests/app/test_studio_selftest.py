@@ -68,6 +68,26 @@ def test_the_self_test_runs_the_graph_demos_and_exits_zero(demo_root: Path, tmp_
     assert not (tmp_path / "config" / "devices.json").exists()  # the user's selection is untouched
 
 
+def test_the_self_test_makes_the_recogniser_and_transcribes_the_spoken_sentence(
+    demo_root: Path, tmp_path: Path
+) -> None:
+    """transcribe.yaml on a data folder without the recogniser: opening it makes the bundles,
+    and the transcript of the spoken file is the sentence."""
+    assets = _assets(demo_root, tmp_path, ())
+    shutil.copy(REPO_ROOT / "assets" / "pipelines" / "transcribe.yaml", assets / "pipelines")
+    result = _self_test(assets, tmp_path)
+    print(result.stdout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    (entry,) = report["results"]
+    assert (entry["pipeline"], entry["ok"], entry["skipped"]) == ("transcribe", True, False)
+    assert "The quick brown fox jumps over the lazy dog." in entry["outputs"]["transcript"]
+    assert "ok   transcribe" in result.stdout
+    made = tmp_path / "data" / "recognisers" / "whisper-tiny.en"
+    assert (made / "encoder" / "manifest.json").is_file()
+    assert (made / "decoder" / "manifest.json").is_file()
+
+
 def test_the_self_test_exits_non_zero_when_a_demo_fails(demo_root: Path, tmp_path: Path) -> None:
     assets = _assets(demo_root, tmp_path, ())
     broken = (
