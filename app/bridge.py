@@ -292,7 +292,8 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
     ) -> Omni:
         """Start the pipeline ``path`` beside the open one, on the studio's ledger, so the two
         share the machine's memory (blocks while it loads: call it off the GUI thread, as the
-        dictation's transcriber does)."""
+        dictation's transcriber does). A recogniser it names is exported first when missing."""
+        export_missing_recognisers(path, progress=self._post_studio_line)
         return Omni(path, ledger=self.ledger, topology=topology, selection=selection)
 
     # -- commands (GUI thread) ----------------------------------------------------------

@@ -260,9 +260,10 @@ class TranscribeHook(QObject):
                 self.recorder.record(window.settings.input_device)
             return
         if recording.error is not None:
-            window.banner.show_error(
-                ErrorInfo("The audio input could not be used", recording.error)
-            )
+            message = recording.error
+            if recording.device not in message:
+                message = f"{recording.device}: {message}"
+            window.banner.show_error(ErrorInfo("The audio input could not be used", message))
         if self.dictation == "idle" or self._close_pending:
             window.devices_panel.audio_input.set_listening(False)
             return

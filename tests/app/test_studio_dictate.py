@@ -36,6 +36,7 @@ SENTENCES = (
     "Please call Stella and ask her to bring these things with her from the store.",
 )
 LEAD_S = 0.5
+PIPELINES = Path(__file__).resolve().parents[2] / "assets" / "pipelines"
 
 
 @pytest.fixture
@@ -152,3 +153,51 @@ def test_dictated_text_goes_to_the_end_of_the_message_unsent(
     chat.set_dictating("idle")
     assert chat.dictate_button.text() == "Dictate"
     assert not chat.dictate_button.isChecked()
+
+
+def test_an_input_that_is_not_there_is_named_and_dictation_returns_to_idle(
+    make_window: Callable[..., Any], qtbot: Any
+) -> None:
+    window = make_window()
+    window.settings.input_device = "no such microphone"
+    recorder = window.transcribe.recorder
+    with qtbot.waitSignal(recorder.stopped, timeout=30_000) as stopped:
+        qtbot.mouseClick(window.chat.dictate_button, Qt.MouseButton.LeftButton)
+    assert stopped.args[0].error is not None
+    assert stopped.args[0].samples.size == 0
+    assert window.banner.title.text() == "The audio input could not be used"
+    assert "no such microphone" in window.banner.message.text()
+    assert window.chat.dictate_button.text() == "Dictate"
+    assert not window.chat.dictate_button.isChecked()
+    assert not recorder.running
+
+
+def test_a_dictation_the_pipeline_cannot_load_for_gets_the_reason_and_leaves_nothing(
+    make_window: Callable[..., Any], qtbot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The transcription pipeline names a bundle that is not there: the transcriber's load
+    fails with the runtime's message (naming the file) and nothing stays reserved."""
+    broken = tmp_path / "transcribe.yaml"
+    original = PIPELINES / "transcribe.yaml"
+    broken.write_text(
+        original.read_text(encoding="utf-8").replace(
+            "${data}/recognisers/whisper-tiny.en/encoder", str(tmp_path / "nowhere")
+        ),
+        encoding="utf-8",
+    )
+    window = make_window()
+    wait_topology(qtbot, window)
+    hook = window.transcribe
+    monkeypatch.setattr(hook, "pipeline_path", lambda: broken)
+    hook._set_dictation("transcribing")
+    transcriber = hook._ensure_transcriber()
+    with qtbot.waitSignal(transcriber.transcribed, timeout=120_000) as done:
+        assert transcriber.transcribe(np.zeros(16000, np.float32), 16000)
+    assert done.args[0].error is not None
+    assert str(broken) in done.args[0].error
+    assert f"{tmp_path / 'nowhere'}/manifest.json" in done.args[0].error
+    assert "does not exist" in done.args[0].error
+    assert window.banner.title.text() == "The dictation was not transcribed"
+    assert window.chat.dictate_button.text() == "Dictate"
+    assert window.chat.composer.toPlainText() == ""
+    assert window.bridge.ledger_snapshot().is_empty

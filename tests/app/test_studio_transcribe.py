@@ -159,3 +159,21 @@ def test_the_self_test_transcribes_the_voice_with_the_transcription_demo(
     assert "1 segments: [0:00.00 → " in demos[0]["detail"]
     assert demos[0]["outputs"]["transcript"].strip()
     assert (tmp_path / "data" / "recognisers" / "whisper-tiny.en").is_dir()
+
+
+def test_a_transcript_that_cannot_be_saved_says_where_and_why(
+    make_window: Callable[..., Any], qtbot: Any, tmp_path: Path
+) -> None:
+    window = make_window()
+    view = window.transcribe.view
+    view.new_run("clip.wav")
+    view.add_segment(TranscriptSegment("r", 0, 0.0, 2.5, "Hello there."))
+    assert view.copy_button.isEnabled()
+    folder = tmp_path / "a-folder.txt"
+    folder.mkdir()
+    with qtbot.waitSignal(view.save_failed) as failed:
+        assert not view.save(folder)
+    assert failed.args[0] == str(folder)
+    assert window.banner.isVisible()
+    assert window.banner.title.text() == "The transcript was not saved"
+    assert str(folder) in window.banner.message.text()
