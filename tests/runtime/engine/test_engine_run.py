@@ -15,7 +15,15 @@ from runtime.adapters.tensor import mlp_handoff
 from runtime.api import AsyncOmni, Omni
 from runtime.artifacts import verify_bundle
 from runtime.contracts import RequestKey
-from runtime.events import Event, EventBus, PipelineReady, StageReady, StageStarting
+from runtime.events import (
+    Event,
+    EventBus,
+    PipelineLoading,
+    PipelineReady,
+    StageReady,
+    StageStarting,
+    StageWorkerUp,
+)
 from runtime.ledger import ResourceLedger
 from tests.runtime.engine.support import (
     CPU,
@@ -45,7 +53,14 @@ def test_add_starts_reports_its_plan_and_returns_the_exact_sum(
     with Omni(
         demo_root / "pipelines" / "add.yaml", ledger=ledger, events=events, **options
     ) as omni:
-        assert [type(event) for event in seen] == [StageStarting, StageReady, PipelineReady]
+        # The load is announced first, then the stage's worker starts, answers and loads.
+        assert [type(event) for event in seen] == [
+            PipelineLoading,
+            StageStarting,
+            StageWorkerUp,
+            StageReady,
+            PipelineReady,
+        ]
         (client,) = omni.orchestrator.clients
         plan = omni.execution_plan
         (stage,) = plan["stages"]
