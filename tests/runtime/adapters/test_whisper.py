@@ -414,6 +414,23 @@ def test_the_pipeline_matches_faster_whisper(
         assert segment["end"] == pytest.approx((audio.size // 160) * 0.01, abs=0.011)
 
 
+def test_the_decoder_copies_the_cross_keys_and_values_once_per_window(
+    config: PipelineConfig,
+) -> None:
+    """The encoder's 17.6 MiB of cross-attention keys and values are retained in the decoder's
+    input arena: the window's first decoder call copies them, the later steps only the cache."""
+    with Omni(config, **_engine()) as omni:
+        list(omni.generate({"audio": spoken_clip(SENTENCES[0]), "sample_rate": 16000}))
+        calls = omni.metrics()["requests"][-1]["stages"]
+    encoder = calls[0]["stage"]
+    decoder = [call for call in calls if call["stage"] != encoder]
+    cross_bytes = 17 << 20
+    assert len(decoder) > 5
+    assert decoder[0]["copied_bytes"] > cross_bytes
+    assert all(call["copied_bytes"] < (1 << 20) for call in decoder[1:]), decoder
+    assert all(call["bytes_in"] > cross_bytes for call in decoder)
+
+
 @pytest.fixture(scope="module")
 def long_clip() -> np.ndarray:
     """About 40 s: eight sentences with half a second of silence after each."""
