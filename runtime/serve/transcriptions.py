@@ -259,7 +259,9 @@ def decode_upload(upload: UploadFile, *, max_seconds: float) -> np.ndarray:
     try:
         return read_audio(upload.file, max_seconds=max_seconds, name=name)
     except AudioReadError as exc:
-        raise invalid(str(exc), param="file", code=exc.code) from None
+        # libsndfile's words name the spooled file object; the message names the upload.
+        message = str(exc).replace(f"Error opening {upload.file!r}: ", "")
+        raise invalid(message, param="file", code=exc.code) from None
 
 
 def _transcript(final: OmniRequestOutput | None) -> Transcript:
