@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from runtime.adapters.tts import SpeechAdapter
-from runtime.adapters.whisper import TranscribeAdapter
-from runtime.adapters.whisper_export import export_missing_recognisers
 from runtime.api import Omni
 from runtime.chat import ChatTemplate
 from runtime.config import LlmBackendConfig, PipelineConfig, load_pipeline
@@ -229,6 +227,9 @@ class ServedPipeline:
     @property
     def max_audio_s(self) -> float:
         """The longest audio a transcription request may bring (the adapter's option)."""
+        # Imported here: the recogniser's modules bring ONNX in, which other pipelines skip.
+        from runtime.adapters.whisper import TranscribeAdapter
+
         program = self._omni.orchestrator.program if self._omni is not None else None
         if not isinstance(program, TranscribeAdapter):
             raise UsageError(f"pipeline {self.name} does not transcribe")
@@ -363,6 +364,8 @@ class PipelineRegistry:
         self.pipelines: dict[str, ServedPipeline] = {}
         for path in paths:
             if not isinstance(path, PipelineConfig):
+                from runtime.adapters.whisper_export import export_missing_recognisers
+
                 # A speech recogniser a pipeline names is made on first use, before it loads.
                 export_missing_recognisers(Path(path), progress or (lambda line: None))
         configs = [

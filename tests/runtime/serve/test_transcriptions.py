@@ -11,6 +11,9 @@ from __future__ import annotations
 import io
 import json
 import re
+import socket
+import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -388,6 +391,41 @@ def test_a_client_leaving_a_stream_cancels_it(
     wait_until(lambda: server.pipelines()[MODEL]["in_flight"] == 0, "the request to end", 10)
     finished = server.pipelines()[MODEL]["finished"]
     assert finished["cancelled"] == before["cancelled"] + 1, finished
+
+
+def test_a_client_leaving_mid_upload_leaves_nothing(
+    server: ServeProcess, clips: dict[str, bytes]
+) -> None:
+    import psutil
+
+    from tests.runtime.serve.test_serve_http import API_KEY as KEY
+
+    process = psutil.Process(server.pid)
+    body, content_type = _multipart({"model": MODEL}, clips["long"])
+    fds = process.num_fds()
+    url = httpx.URL(server.url)
+    sock = socket.create_connection((url.host, url.port), timeout=60)
+    head = (
+        f"POST {url.path}/audio/transcriptions HTTP/1.1\r\nHost: {url.host}\r\n"
+        f"Authorization: Bearer {KEY}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    # More than the 1 MiB the parser keeps in memory: the upload is spooled to a file.
+    sock.sendall(head.encode() + body[: len(body) // 2])
+    time.sleep(0.5)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+    wait_until(lambda: process.num_fds() <= fds, f"the server's descriptors back to {fds}", 10)
+    # The disconnect is an ordinary end of a request, not an error of the application.
+    assert not [line for line in server.stderr if "Traceback" in line], "\n".join(server.stderr)
+    assert server.pipelines()[MODEL]["in_flight"] == 0
+    with server.client() as http:
+        response = http.post(
+            "/audio/transcriptions",
+            data={"model": MODEL, "response_format": "text"},
+            files={"file": ("clip.wav", clips["clip"], "audio/wav")},
+        )
+    assert response.status_code == 200, response.text
 
 
 def test_the_sse_body_is_openais_shape(server: ServeProcess, clips: dict[str, bytes]) -> None:
