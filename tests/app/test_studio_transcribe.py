@@ -165,6 +165,9 @@ def test_a_transcript_that_cannot_be_saved_says_where_and_why(
     make_window: Callable[..., Any], qtbot: Any, tmp_path: Path
 ) -> None:
     window = make_window()
+    # The transcription demo is listed with the others, and File has Open audio….
+    assert "transcribe.yaml" in [path.name for path, _description in window.demos]
+    assert window.transcribe.open_audio_action in window.file_menu.actions()
     view = window.transcribe.view
     view.new_run("clip.wav")
     view.add_segment(TranscriptSegment("r", 0, 0.0, 2.5, "Hello there."))
