@@ -655,3 +655,30 @@ def test_a_clips_events_go_out_as_they_are_found(omni: Omni, sentences: list[np.
     # Each event left after the chunk that completed it, not after the whole file.
     assert at_start < at_end < at_final == clip.size // 512 + 1
     assert at_end < at_final / 2
+
+
+def test_cancelling_a_long_clip_ends_it_and_leaves_nothing_behind(omni: Omni) -> None:
+    """A clip is scored off the loop (direct calls): a cancel stops it within a chunk or
+    two, whether it lands between calls or on one (that one's worker is then retired)."""
+    import threading
+
+    from runtime.errors import RequestCancelled
+    from tests.runtime.engine.support import shm_entries
+
+    before = shm_entries()
+    clip = np.random.default_rng(3).standard_normal(RATE * 600).astype(np.float32) * 0.01
+    timer = threading.Timer(0.3, omni.cancel, ["long"])
+    timer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(RequestCancelled):
+            list(omni.generate({"audio": clip, "sample_rate": RATE}, request_id="long"))
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < 10.0, "a 10-minute clip stops when cancelled"
+    (ended,) = wait_until(
+        lambda: [r for r in omni.metrics()["requests"] if r["request_id"] == "long"],
+        "the cancelled request to be wound up",
+    )
+    assert ended["status"] == "cancelled"
+    wait_until(lambda: shm_entries() <= before, "the cancelled request's buffers to go")
