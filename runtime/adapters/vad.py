@@ -52,7 +52,7 @@ from runtime.errors import ConfigError, ModelError, UsageError
 
 if TYPE_CHECKING:
     from runtime.config import PipelineConfig
-    from runtime.engine.program import DirectCalls, RequestContext
+    from runtime.engine.program import RequestContext
 
 __all__ = [
     "OPTION_NAMES",
@@ -603,35 +603,7 @@ class VadAdapter:
                     segments.append([event.started, event.t])
                 await ctx.emit(event_outputs(event), stage=stage)
 
-        if isinstance(prepared, _Clip) and ctx.direct_calls(0):
-            # Chunk after chunk on a thread of its own that calls the worker directly (no
-            # loop wake-up per chunk); back on the loop at each event, so it goes out at once.
-            samples = prepared.samples
-            position = 0
-            finished = False
-
-            def scan(calls: DirectCalls) -> list[VadEvent]:
-                nonlocal position, finished
-
-                def direct(inputs: dict[str, np.ndarray]) -> Mapping[str, np.ndarray]:
-                    began = time.perf_counter()
-                    result = calls(inputs)
-                    wall_s.append(time.perf_counter() - began)
-                    call_s.append(result.run_s)
-                    return result.outputs
-
-                while position < samples.shape[0]:
-                    ctx.check_cancelled()
-                    begin, position = position, position + CHUNK_SAMPLES
-                    found = stream.run(samples[begin:position], direct)
-                    if found:
-                        return found
-                finished = True
-                return stream.run(np.zeros(0, np.float32), direct, last=True)
-
-            while not finished:
-                await send(await ctx.off_loop(0, scan))
-        elif isinstance(prepared, _Clip):
+        if isinstance(prepared, _Clip):
             # Chunk by chunk, so each event goes out as soon as it is found in a long file.
             samples = prepared.samples
             for begin in range(0, samples.shape[0], CHUNK_SAMPLES):

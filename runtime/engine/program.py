@@ -22,7 +22,7 @@ import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import numpy as np
 
@@ -36,8 +36,6 @@ from runtime.engine.stages import GraphStage, LlmStage, StageHandle
 from runtime.errors import ModelError, RequestCancelled, UsageError
 from runtime.events import EventBus, RequestOutputReady, StageCallFinished
 from runtime.pipeline_input import TENSOR_INPUT, TEXT_INPUT
-
-_T = TypeVar("_T")
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -105,34 +103,6 @@ class _Resources:
     def __init__(self) -> None:
         self.held: list[GraphStage] = []
         self.streams: list[TextStream] = []
-
-
-class DirectCalls:
-    """Calls of one graph stage from the thread :meth:`RequestContext.off_loop` runs its work
-    on: each a ``call_direct``, its outputs copied and its slot freed at once."""
-
-    def __init__(self, ctx: RequestContext, handle: GraphStage, queue_s: float) -> None:
-        self._ctx = ctx
-        self._handle = handle
-        self._queue_s = queue_s
-
-    def __call__(
-        self, tensors: Mapping[str, np.ndarray], *, retain: Collection[str] = ()
-    ) -> CallResult:
-        ctx, client = self._ctx, self._handle.client
-        ctx.check_cancelled()
-        key = ctx.request.key
-        result = client.call_direct(key, tensors, retain=retain)
-        try:
-            kept = {name: np.array(value, copy=True) for name, value in result.outputs.items()}
-        finally:
-            client.acknowledge(key)
-        result = dataclasses.replace(
-            result, outputs=kept, copied_bytes=result.copied_bytes + result.bytes_out
-        )
-        queue_s, self._queue_s = self._queue_s, 0.0
-        _record_call(ctx.request, ctx.events, self._handle.name, queue_s, result)
-        return result
 
 
 class TextStream(AsyncIterator[str]):
@@ -462,37 +432,6 @@ class RequestContext:
             handle.client.acknowledge(self.request.key)
             handle.lock.release()
         return result
-
-    def direct_calls(self, stage: int) -> bool:
-        """Whether :meth:`off_loop` may call graph ``stage`` directly (a worker the loop reads)."""
-        return self._graph(stage).client.direct_calls
-
-    async def off_loop(self, stage: int, work: Callable[[DirectCalls], _T]) -> _T:
-        """Run ``work`` on a thread of its own, holding graph ``stage`` for this request: each
-        call it makes through the :class:`DirectCalls` it gets is written and its result read
-        on that thread (``call_direct``), with no loop wake-up or hop between threads per
-        call. For many small calls in a row (a VAD chunk after chunk). ``work`` should check
-        :meth:`check_cancelled` between calls; a cancel also fails the call it waits on. The
-        stage is let go only once ``work`` has returned, even when this task is cancelled."""
-        handle = self._graph(stage)
-        if not handle.client.direct_calls:
-            raise UsageError(f"{handle.name} cannot be called directly; use call()")
-        self.check_cancelled()
-        waited_from = time.perf_counter()
-        await handle.lock.acquire()
-        calls = DirectCalls(self, handle, time.perf_counter() - waited_from)
-        try:
-            done = asyncio.ensure_future(asyncio.to_thread(work, calls))
-            try:
-                return await asyncio.shield(done)
-            except asyncio.CancelledError:
-                # The thread stops at its next check (or its call fails): wait for it, so
-                # no call of this request outlives the stage's lock.
-                await asyncio.wait([done])
-                raise
-        finally:
-            handle.client.acknowledge(self.request.key)
-            handle.lock.release()
 
     def release(self, stage: int) -> None:
         """Free a slot kept with ``hold=True``."""

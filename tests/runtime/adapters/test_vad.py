@@ -658,8 +658,8 @@ def test_a_clips_events_go_out_as_they_are_found(omni: Omni, sentences: list[np.
 
 
 def test_cancelling_a_long_clip_ends_it_and_leaves_nothing_behind(omni: Omni) -> None:
-    """A clip is scored off the loop (direct calls): a cancel stops it within a chunk or
-    two, whether it lands between calls or on one (that one's worker is then retired)."""
+    """A cancel stops a clip within a chunk or two, whether it lands between calls or on
+    one (that one's worker is then retired), and its buffers go."""
     import threading
 
     from runtime.errors import RequestCancelled
