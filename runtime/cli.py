@@ -905,7 +905,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser(
         "serve",
-        help="serve pipelines over an OpenAI-compatible HTTP API (chat, speech, graph runs)",
+        help=(
+            "serve pipelines over an OpenAI-compatible HTTP API "
+            "(chat, speech, transcription, graph runs)"
+        ),
     )
     serve.add_argument(
         "pipelines",
@@ -943,7 +946,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--only",
         metavar="ID[,ID...]",
-        help="run only these: graph, handoff, startup, ledger, speech, vllm, studio, serve, memory",
+        help=(
+            "run only these: graph, handoff, startup, ledger, speech, speech_in, vllm, "
+            "llm_cold, studio, serve, memory"
+        ),
     )
     bench.add_argument(
         "--runs",
