@@ -203,8 +203,13 @@ def test_the_request_context_passes_retain_and_metrics_show_the_single_copy(
                 result = await ctx.call(0, {"a": a, "b": _b(step)}, retain=("a",), hold=True)
                 np.testing.assert_array_equal(result.outputs["c"], a + step)
                 ctx.release(0)
+            # Another array under the kept name is copied (and kept in its place).
+            changed = a + 10
+            result = await ctx.call(0, {"a": changed, "b": _b(0)}, retain=("a",), hold=True)
+            np.testing.assert_array_equal(result.outputs["c"], changed)
+            ctx.release(0)
             copied = [entry.copied_bytes for entry in request.stage_metrics]
-            assert copied == [2 * NBYTES, NBYTES, NBYTES]
+            assert copied == [2 * NBYTES, NBYTES, NBYTES, 2 * NBYTES]
             client = runtime.stages[0].client  # type: ignore[union-attr]
             assert isinstance(client, GraphStageClient | InProcessGraphClient)
             assert client.retained_inputs == ("a",)
