@@ -38,7 +38,15 @@ __all__ = [
     "Vocabulary",
     "WindowDecode",
     "WindowResult",
+    "cross_names",
 ]
+
+
+def cross_names(layer: int) -> tuple[str, str]:
+    """The names of decoder layer ``layer``'s cross-attention keys and values (here, not with
+    the graphs: running the bundles needs no onnx)."""
+    return f"cross_k_{layer}", f"cross_v_{layer}"
+
 
 #: faster-whisper's thresholds: a window is silence when both hold.
 NO_SPEECH_THRESHOLD: Final = 0.6

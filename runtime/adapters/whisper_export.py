@@ -36,13 +36,11 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 
 import runtime
 from runtime.adapters.whisper_ct2 import Ct2Model, WhisperConvertError, WhisperDims, read_ct2_model
-from runtime.adapters.whisper_decode import DecodeRules, Vocabulary, WindowDecode
-from runtime.adapters.whisper_graphs import build_decoder, build_encoder, cross_names
+from runtime.adapters.whisper_decode import DecodeRules, Vocabulary, WindowDecode, cross_names
 from runtime.adapters.whisper_mel import FRAMES_PER_WINDOW, SAMPLE_RATE, log_mel, window_features
 from runtime.adapters.whisper_reference import reference_cross_kv, reference_logits
 from runtime.artifacts import VerifiedBundle, create_bundle, sha256_file, verify_bundle
@@ -519,6 +517,11 @@ def _export(
     with tempfile.TemporaryDirectory(prefix=".whisper-export-", dir=out) as scratch:
         work = Path(scratch)
         encoder_path, decoder_path = work / "encoder.onnx", work / "decoder.onnx"
+        # Imported here: only the export writes graphs (the desktop build carries no onnx).
+        import onnx
+
+        from runtime.adapters.whisper_graphs import build_decoder, build_encoder
+
         onnx.save(build_encoder(model, dims), encoder_path)
         onnx.save(build_decoder(model, dims), decoder_path)
         step("wrote the encoder and decoder graphs (float32)")

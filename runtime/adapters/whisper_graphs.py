@@ -32,6 +32,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from runtime.adapters.whisper_decode import cross_names
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -43,11 +45,6 @@ OPSET: Final = 17
 _F32: Final = TensorProto.FLOAT
 _I64: Final = TensorProto.INT64
 _LN_EPSILON: Final = 1e-5
-
-
-def cross_names(layer: int) -> tuple[str, str]:
-    """The names of decoder layer ``layer``'s cross-attention keys and values."""
-    return f"cross_k_{layer}", f"cross_v_{layer}"
 
 
 class _Graph:
