@@ -40,8 +40,9 @@ CHILD_TIMEOUT_S: Final = 900.0
 
 
 #: Demos whose memory figure another benchmark measures: chat-speak's language-model worker
-#: tree against vLLM's one-process ``LLM`` (:mod:`benchmarks.llm_cold`).
-MEASURED_ELSEWHERE: Final = frozenset({"chat-speak"})
+#: tree against vLLM's one-process ``LLM`` (:mod:`benchmarks.llm_cold`); chat is that same
+#: worker alone, with no graph session for a one-process baseline to hold.
+MEASURED_ELSEWHERE: Final = frozenset({"chat-speak", "chat"})
 
 
 def demos() -> list[tuple[FigureSpec, Path]]:
