@@ -153,10 +153,7 @@ def test_one_round_on_real_vllm_answers_alike_from_one_worker_process(
     tmp_path: Path, vllm_env: EnvInfo
 ) -> None:
     # The environment and the model come from the vLLM tests' fixtures (made once, reused).
-    try:
-        prepared = llm_cold.prepare()
-    except NotRunnable as exc:
-        pytest.skip(f"chat-speak cannot run here: {exc}")
+    prepared = llm_cold.prepare()
     rounds = llm_cold.run_rounds(prepared, 1, tmp_path)
     ours, baseline = rounds.ours[0], rounds.baseline[0]
     assert ours.processes == 1  # the language-model worker holds vLLM's engine itself
