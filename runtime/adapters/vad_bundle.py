@@ -21,7 +21,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib.metadata
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 import runtime
+from runtime.adapters.staged import install_staged
 from runtime.artifacts import VerifiedBundle, create_bundle, verify_bundle
 from runtime.contracts.manifest import MANIFEST_NAME
 from runtime.errors import UsageError, VerificationError
@@ -239,24 +239,14 @@ def ensure_vad_bundle(
         return existing
     if progress is not None:
         progress(f"bundling the voice activity model ({source.revision}) into {target}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.export-", dir=target.parent))
-    retired: Path | None = None
-    try:
+
+    def build(staging: Path) -> Path:
         export_vad_bundle(staging / "bundle", source)
-        if target.exists() or target.is_symlink():
-            retired = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-            os.replace(target, retired / "bundle")
-        try:
-            os.replace(staging / "bundle", target)
-        except OSError:
-            # Another process made the same bundle first; keep whichever verifies.
-            winner = _current(target, source)
-            if winner is None:
-                raise
-            return winner
-        return verify_bundle(target / MANIFEST_NAME)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-        if retired is not None:
-            shutil.rmtree(retired, ignore_errors=True)
+        return staging / "bundle"
+
+    return install_staged(
+        target,
+        build,
+        current=lambda: _current(target, source),
+        load=lambda folder: verify_bundle(folder / MANIFEST_NAME),
+    )

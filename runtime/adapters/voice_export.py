@@ -40,7 +40,6 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import math
-import os
 import shutil
 import tempfile
 import time
@@ -53,6 +52,7 @@ import numpy as np
 import onnxruntime as ort
 
 import runtime
+from runtime.adapters.staged import install_staged
 from runtime.adapters.tts_text import Phonemizer, VoiceConfig
 from runtime.adapters.voice_bundles import (
     EXPORT_FORMAT,
@@ -683,24 +683,11 @@ def ensure_voice_bundles(
             f"exporting voice {voice!r} ({installed.source.package} {installed.version}) into "
             f"{target}{why}; this runs once"
         )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.export-", dir=target.parent))
-    retired: Path | None = None
-    try:
+
+    def build(staging: Path) -> Path:
         export_voice(staging, voice, progress=progress)
-        if target.exists() or target.is_symlink():
-            retired = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-            os.replace(target, retired / "bundles")
-        try:
-            os.replace(staging, target)
-        except OSError:
-            # Another process finished the same export first; keep whichever verifies.
-            winner = _current(target, installed)
-            if winner is None:
-                raise
-            return winner
-        return load_voice_bundles(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-        if retired is not None:
-            shutil.rmtree(retired, ignore_errors=True)
+        return staging
+
+    return install_staged(
+        target, build, current=lambda: _current(target, installed), load=load_voice_bundles
+    )

@@ -25,7 +25,6 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import json
-import os
 import re
 import shutil
 import tempfile
@@ -39,6 +38,7 @@ import numpy as np
 import onnxruntime as ort
 
 import runtime
+from runtime.adapters.staged import install_staged
 from runtime.adapters.whisper_ct2 import Ct2Model, WhisperConvertError, WhisperDims, read_ct2_model
 from runtime.adapters.whisper_decode import DecodeRules, Vocabulary, WindowDecode, cross_names
 from runtime.adapters.whisper_mel import FRAMES_PER_WINDOW, SAMPLE_RATE, log_mel, window_features
@@ -666,27 +666,14 @@ def ensure_whisper_bundles(
             f"exporting speech recogniser whisper {name!r} ({installed.source.package} "
             f"{installed.version}) into {target}; this runs once"
         )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.export-", dir=target.parent))
-    retired: Path | None = None
-    try:
+
+    def build(staging: Path) -> Path:
         export_whisper(staging, name, progress=progress)
-        if target.exists() or target.is_symlink():
-            retired = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-            os.replace(target, retired / "bundles")
-        try:
-            os.replace(staging, target)
-        except OSError:
-            # Another process finished the same export first; keep whichever verifies.
-            winner = _current(target, installed)
-            if winner is None:
-                raise
-            return winner
-        return load_whisper_bundles(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-        if retired is not None:
-            shutil.rmtree(retired, ignore_errors=True)
+        return staging
+
+    return install_staged(
+        target, build, current=lambda: _current(target, installed), load=load_whisper_bundles
+    )
 
 
 #: A recogniser's bundle in the user data directory, as a pipeline names it.
