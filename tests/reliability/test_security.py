@@ -1,4 +1,4 @@
-"""The security review (ARCHITECTURE.md, "Security review"), enforced.
+"""The security review (docs/security.md), enforced.
 
 * Workers talk to the controller over their stdin/stdout pipes only: no sockets at all in a
   graph worker, no listening socket in the controller.
