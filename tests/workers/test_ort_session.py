@@ -20,7 +20,7 @@ from runtime.contracts.buffers import DType
 from runtime.contracts.manifest import REQUIRED_METADATA
 from tests.helpers.onnx_graphs import matmul_weights, rewrite_manifest
 from tests.workers.support import CPU, ENDLESS_STEPS, identity_of, loop_reference
-from workers import ort_session
+from workers import ort_placement
 from workers.ort_session import (
     METHOD_ASSIGNMENT,
     METHOD_PROFILING,
@@ -284,7 +284,7 @@ def test_placement_from_profile_when_assignment_is_not_recorded(
 def test_without_assignment_info_a_profile_prefix_is_required(
     add_manifest: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(ort_session, "ASSIGNMENT_INFO_AVAILABLE", False)
+    monkeypatch.setattr(ort_placement, "ASSIGNMENT_INFO_AVAILABLE", False)
     with pytest.raises(WorkerError, match="profile_prefix") as caught:
         create_session(_load(add_manifest), [CPU], [CPU], CPU)
     assert caught.value.code == "placement_unavailable"
