@@ -18,17 +18,15 @@ import functools
 import logging
 import sys
 import threading
-import time
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runtime.backends.inprocess import INPROCESS_WORKER
 from runtime.config import LlmBackendConfig, RemoteLlmRoute
 from runtime.contracts import RequestKey, new_request_id
-from runtime.engine.metrics import RequestMetrics, StageCallMetrics, StageTotals
-from runtime.engine.outputs import END, OutputStream
+from runtime.engine.metrics import RequestMetrics, StageTotals
+from runtime.engine.outputs import END
 from runtime.engine.program import (
     ChainProgram,
     PipelineProgram,
@@ -36,6 +34,7 @@ from runtime.engine.program import (
     concurrent_stages,
     load_program,
 )
+from runtime.engine.request import Request as Request
 from runtime.engine.stage_runtime import StageRuntime
 from runtime.engine.stages import GraphStage
 from runtime.errors import (
@@ -116,25 +115,6 @@ def loading_stages(config: PipelineConfig) -> tuple[LoadingStage, ...]:
             model = backend.manifest.parent.name
         stages.append(LoadingStage(stage.name, kind, model or ""))
     return tuple(stages)
-
-
-@dataclass(eq=False)
-class Request:
-    """One request's state, owned by the loop (``stream`` is the thread-safe part)."""
-
-    request_id: str
-    inputs: Any
-    key: RequestKey
-    stream: OutputStream = field(default_factory=OutputStream)
-    submitted_at: float = field(default_factory=time.perf_counter)
-    task: asyncio.Task[None] | None = None
-    cancelled: bool = False
-    #: Set by any thread the moment a cancel is asked for, before the loop gets to it.
-    cancel_requested: bool = False
-    #: Set by the caller's thread when it acknowledges the request's final output: the
-    #: request no longer counts against admission while the loop winds it up.
-    final_consumed: bool = False
-    stage_metrics: list[StageCallMetrics] = field(default_factory=list)
 
 
 class Orchestrator:

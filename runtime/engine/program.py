@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from runtime.config import PipelineConfig
     from runtime.contracts import RequestKey
     from runtime.contracts.messages import TensorSpec
-    from runtime.engine.orchestrator import Request
+    from runtime.engine.request import Request
 
 Transform = Callable[[Mapping[str, np.ndarray]], Mapping[str, Any]]
 
