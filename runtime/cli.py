@@ -7,40 +7,23 @@ admission, placement); 4 execution failed; 130 interrupted after a clean shutdow
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import sys
-import threading
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, OmniError
-from .events import (
-    Event,
-    EventBus,
-    LoadProgress,
-    PipelineLoadFailed,
-    PipelineLoading,
-    PipelineReady,
-    StageFailed,
-    StageReady,
+from .command_args import (
+    add_machine_args,
+    device_selection,
+    given_topology,
+    log_to_stderr,
+    machine_topology,
+    print_json,
+    say,
 )
-
-if TYPE_CHECKING:
-    from .chat import ChatMessage
-    from .config import PipelineConfig
-    from .devices import DeviceSelection, Topology
-    from .engine.outputs import OmniRequestOutput
+from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, OmniError
 
 Handler = Callable[[argparse.Namespace], int]
-
-
-def _print_json(document: Any) -> None:
-    json.dump(document, sys.stdout, indent=2, sort_keys=False, default=str)
-    sys.stdout.write("\n")
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -48,7 +31,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     report = inspect_bundle(args.manifest)
     if args.json:
-        _print_json(report.to_json())
+        print_json(report.to_json())
     else:
         print(f"bundle {report.manifest_path}")
         if report.manifest is not None:
@@ -61,24 +44,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_REFUSED
 
 
-def _topology(args: argparse.Namespace) -> Topology:
-    from .devices import discover_topology, load_topology
-
-    return load_topology(args.topology) if args.topology else discover_topology()
-
-
-def _selection(args: argparse.Namespace) -> DeviceSelection | None:
-    from .devices import DeviceSelection
-
-    if not args.devices:
-        return None
-    return DeviceSelection(frozenset(part for part in args.devices.split(",") if part))
-
-
 def cmd_devices(args: argparse.Namespace) -> int:
     from .devices import DeviceSelection, load_selection, save_selection, selection_path
 
-    topology = _topology(args)
+    topology = machine_topology(args)
     selection = load_selection()
     changed = False
     if args.allow_all:
@@ -99,7 +68,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
             from .audio.devices import audio_devices_json
 
             document["audio"] = audio_devices_json()
-        _print_json(document)
+        print_json(document)
         return EXIT_OK
     print(topology.to_table())
     if args.audio:
@@ -120,10 +89,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .planning import plan_pipeline
 
     # A speech recogniser the pipeline names is made on first use, before its manifests load.
-    export_missing_recognisers(Path(args.pipeline), _progress)
-    plan = plan_pipeline(args.pipeline, topology=_topology(args), selection=_selection(args))
+    export_missing_recognisers(Path(args.pipeline), say)
+    plan = plan_pipeline(
+        args.pipeline, topology=machine_topology(args), selection=device_selection(args)
+    )
     if args.json:
-        _print_json(plan.to_json())
+        print_json(plan.to_json())
     else:
         print(plan.to_text())
     return EXIT_OK if plan.admitted else EXIT_REFUSED
@@ -140,378 +111,12 @@ def cmd_bundle_create(args: argparse.Namespace) -> int:
         metadata=parse_meta_pairs(args.meta),
     )
     if args.json:
-        _print_json(bundle.to_json())
+        print_json(bundle.to_json())
     else:
         print(f"created bundle {bundle.manifest_path}")
         print(f"  component {bundle.manifest.component}  identity {bundle.identity}")
         for name in sorted(bundle.manifest.files):
             print(f"  {bundle.manifest.files[name]}  {name}")
-    return EXIT_OK
-
-
-def _add_machine_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--topology",
-        metavar="FILE",
-        help="check against the machine described in FILE instead of discovering this one",
-    )
-    parser.add_argument(
-        "--devices",
-        metavar="ID[,ID...]",
-        help="allow only these device ids for this command (default: the saved selection)",
-    )
-
-
-def _load_npz(path: str, what: str) -> dict[str, Any]:
-    import numpy as np
-
-    from .errors import UsageError
-
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            return {name: archive[name] for name in archive.files}
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{what} {path}: not a readable .npz of arrays ({exc})") from None
-
-
-def _compare(
-    outputs: dict[str, Any], expected: dict[str, Any], atol: float, rtol: float
-) -> list[str]:
-    import numpy as np
-
-    problems = []
-    for name, reference in expected.items():
-        if name not in outputs:
-            problems.append(f"output {name!r} is missing (outputs: {sorted(outputs)})")
-            continue
-        actual = outputs[name]
-        if actual.shape != reference.shape:
-            problems.append(f"{name}: shape {actual.shape} != expected {reference.shape}")
-        elif not np.allclose(actual, reference, atol=atol, rtol=rtol):
-            error = float(np.max(np.abs(actual.astype(np.float64) - reference)))
-            problems.append(f"{name}: max abs error {error:g} exceeds atol {atol} / rtol {rtol}")
-    return problems
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    from .adapters.whisper_export import export_missing_recognisers
-    from .api import Omni
-    from .config import load_pipeline
-    from .errors import EXIT_FAILED, UsageError
-    from .pipeline_input import TEXT_INPUT, input_kind
-
-    if args.text is not None and args.chat is not None:
-        raise UsageError("--text and --chat: give one request, the text or the conversation")
-    messages = _load_chat(Path(args.chat)) if args.chat is not None else None
-    # A speech recogniser the pipeline names is made on first use, before its manifests load.
-    export_missing_recognisers(Path(args.pipeline), _progress)
-    config = load_pipeline(args.pipeline)
-    kind = input_kind(config)
-    if args.text is not None or messages is not None:
-        flag = "--text" if messages is None else "--chat"
-        if kind != TEXT_INPUT:
-            raise UsageError(
-                f"{flag}: pipeline {config.pipeline} takes tensors, not text; accepted: "
-                "--inputs X.npz, or nothing for its example inputs"
-            )
-        for other, given in (("--inputs", args.inputs), ("--expect", args.expect)):
-            if given:
-                raise UsageError(f"{other} applies to tensor pipelines; give {flag} or {other}")
-        request: object = (
-            args.text
-            if messages is None
-            else {"messages": [message.to_json() for message in messages]}
-        )
-        return _run_text(args, config, request, messages)
-    if kind == TEXT_INPUT:
-        raise UsageError(
-            f"pipeline {config.pipeline} takes text; give it with --text, e.g. "
-            f'omni-edge run {args.pipeline} --text "Hello there.", or a conversation with '
-            "--chat FILE.json"
-        )
-    if args.play:
-        raise UsageError("--play applies to --text runs of pipelines that speak")
-    inputs = _load_npz(args.inputs, "--inputs") if args.inputs else None
-    expected = _load_npz(args.expect, "--expect") if args.expect else None
-    out = Path(args.out) if args.out else None
-    with contextlib.ExitStack() as stack:
-        omni = stack.enter_context(
-            Omni(
-                config,
-                events=_loading_events(stack),
-                topology=_topology(args) if args.topology else None,
-                selection=_selection(args),
-            )
-        )
-        # An adapter's final output may carry its text as a string (a transcript).
-        outputs = {name: np.asarray(value) for name, value in omni.run(inputs).items()}
-        plan = omni.execution_plan
-        metrics = omni.metrics()
-    problems = [] if expected is None else _compare(outputs, expected, args.atol, args.rtol)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        np.savez(out / "outputs.npz", allow_pickle=False, **outputs)
-        (out / "execution_plan.json").write_text(json.dumps(plan, indent=2) + "\n")
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    summary = {
-        "pipeline": plan.get("pipeline"),
-        "outputs": {
-            name: {"dtype": str(a.dtype), "shape": list(a.shape)} for name, a in outputs.items()
-        },
-        "expect": None if expected is None else {"ok": not problems, "problems": problems},
-        "out": None if out is None else str(out),
-    }
-    if args.json:
-        _print_json(summary)
-    else:
-        for name, array in outputs.items():
-            print(f"{name}: {array.dtype} {list(array.shape)}")
-        for stage in plan.get("stages", []):
-            placement = stage.get("placement") or {}
-            print(
-                f"{stage['stage']}: pid {stage['worker']['pid']} "
-                f"{placement.get('counts')} fraction on target {placement.get('fraction_on_target')}"
-            )
-        if expected is not None:
-            print("matches --expect" if not problems else "MISMATCH with --expect:")
-        for problem in problems:
-            print(f"  {problem}")
-        if out is not None:
-            print(f"wrote {out / 'outputs.npz'}, execution_plan.json, metrics.json")
-    return EXIT_FAILED if problems else EXIT_OK
-
-
-def _progress(line: str) -> None:
-    print(f"omni-edge: {line}", file=sys.stderr, flush=True)
-
-
-class LoadReporter:
-    """What ``run`` waits for while the stages load, on stderr (stdout keeps the streamed
-    text and ``--json``): the stages at the start, each stage once ready, and every
-    ``tick_s`` the stages still loading with the seconds so far
-    (``omni-edge: loading: assistant (vLLM worker) loading… 14 s``)."""
-
-    def __init__(self, write: Callable[[str], None] = _progress, tick_s: float = 5.0) -> None:
-        self._write = write
-        self._tick_s = tick_s
-        self._progress = LoadProgress()
-        self._lock = threading.Lock()
-        self._ended = threading.Event()
-        self._ticker: threading.Thread | None = None
-
-    def __call__(self, event: Event) -> None:
-        """An event, on the runtime's thread (an ``EventBus`` subscriber)."""
-        with self._lock:
-            if not self._progress.update(event):
-                return
-            snapshot = self._progress.snapshot
-        assert snapshot is not None
-        now = time.monotonic()
-        if isinstance(event, PipelineLoading):
-            names = ", ".join(stage.label for stage in snapshot.stages)
-            self._write(f"loading {len(snapshot.stages)} stage(s): {names}")
-            self._ticker = threading.Thread(target=self._tick, name="omni-loading", daemon=True)
-            self._ticker.start()
-        elif isinstance(event, StageReady | StageFailed):
-            stage = next(s for s in snapshot.stages if s.stage == event.stage)
-            self._write(f"loading: {stage.line(now)}")
-        elif isinstance(event, PipelineReady | PipelineLoadFailed):
-            self._ended.set()
-            if isinstance(event, PipelineReady):
-                self._write(snapshot.summary(now))
-
-    def _tick(self) -> None:
-        while not self._ended.wait(self._tick_s):
-            with self._lock:
-                snapshot = self._progress.snapshot
-            if snapshot is not None and snapshot.loading:
-                self._write(snapshot.summary(time.monotonic()))
-
-    def close(self) -> None:
-        """Stop the ticking line (idempotent)."""
-        self._ended.set()
-        ticker, self._ticker = self._ticker, None
-        if ticker is not None and ticker is not threading.current_thread():
-            ticker.join()
-
-
-def _loading_events(stack: contextlib.ExitStack) -> EventBus:
-    """An event bus for ``Omni`` whose loading events :class:`LoadReporter` reports."""
-    events = EventBus()
-    reporter = LoadReporter()
-    stack.callback(reporter.close)
-    stack.callback(events.subscribe(reporter))
-    return events
-
-
-def _log_to_stderr() -> None:
-    """The runtime's warnings (a pipeline recreated, a worker retired) on stderr, in the
-    same form as the progress lines: what a long-running command reports as it goes."""
-    import logging
-
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("omni-edge: %(message)s"))
-    logger = logging.getLogger("omni")
-    logger.addHandler(handler)
-    logger.setLevel(logging.WARNING)
-    logger.propagate = False
-
-
-def _printable(text: str) -> str:
-    """Model text for a terminal: control characters other than line breaks and tabs become
-    U+FFFD, so generated bytes cannot drive the terminal."""
-    return "".join(
-        ch if ch in "\n\t" or (ch.isprintable() and ch != "\x7f") else "\ufffd" for ch in text
-    )
-
-
-def _load_chat(path: Path) -> tuple[ChatMessage, ...]:
-    """``--chat FILE.json``: a list of ``{"role", "content"}`` messages (or an object whose
-    ``messages`` is one), ending with the user's turn."""
-    from .chat import parse_messages
-    from .errors import UsageError
-
-    where = f"--chat {path}"
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UsageError(f"{where}: cannot read it ({exc.strerror or exc})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(
-            f"{where}: not JSON ({exc}); accepted: a list of {{'role', 'content'}} messages"
-        ) from None
-    if isinstance(document, dict):
-        if set(document) - {"messages"}:
-            unknown = sorted(set(document) - {"messages"})[0]
-            raise UsageError(f"{where}: unknown key {unknown!r}; accepted: 'messages'")
-        document = document.get("messages")
-    return parse_messages(document, where=where)
-
-
-def _run_text(
-    args: argparse.Namespace,
-    config: PipelineConfig,
-    request: object,
-    messages: tuple[ChatMessage, ...] | None = None,
-) -> int:
-    """``run --text`` / ``--chat``: stream the text to stdout as it arrives; write or play the
-    audio. With ``--chat`` and ``--out``, the conversation with the reply is written too."""
-    from .api import Omni
-    from .audio import AudioPlayer, WavWriter
-    from .contracts import new_request_id
-    from .engine.outputs import AudioChunk
-    from .errors import UsageError
-
-    out = Path(args.out) if args.out else None
-    if out is not None and out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: accepted: a folder (it exists and is not one)")
-    if args.play:
-        from .audio import resolve_output_device
-
-        # A missing output device is reported before anything loads.
-        resolve_output_device(None)
-    request_id = new_request_id()
-    streamed = False
-    final: OmniRequestOutput | None = None
-    wav: Path | None = None
-    samples = 0
-    rate = 0
-    with contextlib.ExitStack() as stack:
-        omni = stack.enter_context(
-            Omni(
-                config,
-                events=_loading_events(stack),
-                topology=_topology(args) if args.topology else None,
-                selection=_selection(args),
-            )
-        )
-        writer: WavWriter | None = None
-        player: AudioPlayer | None = None
-        for output in omni.generate(request, request_id=request_id):
-            if output.finished:
-                final = output
-            elif output.text is not None and not args.json:
-                sys.stdout.write(_printable(output.text))
-                sys.stdout.flush()
-                streamed = True
-            chunk = AudioChunk.from_output(output)
-            if chunk is None or not chunk.pcm.size:
-                continue
-            rate = chunk.sample_rate
-            samples += chunk.pcm.size
-            if out is not None:
-                if writer is None:
-                    out.mkdir(parents=True, exist_ok=True)
-                    writer = stack.enter_context(WavWriter(out / f"{request_id}.wav", rate))
-                writer.write(chunk.pcm)
-            if args.play:
-                if player is None:
-                    player = AudioPlayer(
-                        None, sample_rate_in=rate, cushion_s=0.5, max_cushion_s=1.0
-                    )
-                    player.start()
-                    stack.callback(player.stop)
-                player.feed(chunk.pcm)
-        if streamed:
-            sys.stdout.write("\n")
-            sys.stdout.flush()
-        if player is not None:
-            player.end_of_stream()
-            player.wait(samples / rate + 5.0)
-        plan = omni.execution_plan
-        metrics = omni.metrics()
-        if writer is not None:
-            wav = writer.close()
-    text = None if final is None else final.text
-    engine = {} if final is None else {k: v for k, v in final.metrics.items() if k != "stages"}
-    # What the program measured (a speech request's timing breakdown, say) joins its calls.
-    for entry in metrics.get("requests", []):
-        if entry.get("request_id") == request_id and engine:
-            entry["program"] = engine
-    written = [] if wav is None else [wav.name]
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        if text is not None:
-            (out / f"{request_id}.txt").write_text(text, encoding="utf-8")
-            written.append(f"{request_id}.txt")
-        if text is not None and messages is not None:
-            # The conversation with the reply: give it back with --chat to go on.
-            turns = [*(message.to_json() for message in messages)]
-            turns.append({"role": "assistant", "content": text})
-            chat_path = out / f"{request_id}.chat.json"
-            chat_path.write_text(json.dumps(turns, indent=2) + "\n", encoding="utf-8")
-            written.append(chat_path.name)
-        (out / "execution_plan.json").write_text(json.dumps(plan, indent=2) + "\n")
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
-    audio_s = samples / rate if rate else 0.0
-    if args.json:
-        _print_json(
-            {
-                "pipeline": config.pipeline,
-                "request_id": request_id,
-                "text": text,
-                "tokens": engine.get("tokens"),
-                "finish_reason": engine.get("finish_reason"),
-                "audio_seconds": audio_s,
-                "wav": None if wav is None else str(wav),
-                "out": None if out is None else str(out),
-            }
-        )
-        return EXIT_OK
-    parts = [f"request {request_id}"]
-    if engine.get("tokens") is not None:
-        parts.append(f"{engine['tokens']} tokens ({engine.get('finish_reason')})")
-    if samples:
-        parts.append(f"{audio_s:.2f} s of audio")
-    if samples and wav is None and not args.play:
-        parts.append("the audio was not kept (give --out DIR or --play)")
-    if out is not None:
-        parts.append(
-            f"wrote {', '.join([*written, 'execution_plan.json', 'metrics.json'])} in {out}"
-        )
-    _progress("; ".join(parts))
     return EXIT_OK
 
 
@@ -523,7 +128,7 @@ def cmd_bundle_export_vad(args: argparse.Namespace) -> int:
 
     def progress(line: str) -> None:
         made.append(line)
-        _progress(line)
+        say(line)
 
     bundle = ensure_vad_bundle(out, progress=progress)
     if args.json:
@@ -534,7 +139,7 @@ def cmd_bundle_export_vad(args: argparse.Namespace) -> int:
             "identity": bundle.identity,
             "checkpoint_revision": bundle.manifest.metadata.get("checkpoint_revision"),
         }
-        _print_json(summary)
+        print_json(summary)
     else:
         state = "made" if made else "already present and verified"
         print(f"voice activity bundle {state} at {bundle.root}")
@@ -549,7 +154,7 @@ def cmd_bundle_export_voice(args: argparse.Namespace) -> int:
 
     def progress(line: str) -> None:
         exported.append(line)
-        _progress(line)
+        say(line)
 
     if args.if_missing:
         bundles = ensure_voice_bundles(args.voice, out, progress=progress)
@@ -568,7 +173,7 @@ def cmd_bundle_export_voice(args: argparse.Namespace) -> int:
         "min_snr_db": validation.get("min_snr_db"),
     }
     if args.json:
-        _print_json(summary)
+        print_json(summary)
     else:
         state = "exported" if exported else "already present and verified"
         print(f"voice {args.voice} {state} at {bundles.root}")
@@ -581,113 +186,6 @@ def cmd_bundle_export_voice(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _speak_config(args: argparse.Namespace) -> PipelineConfig:
-    import dataclasses
-
-    from .adapters.voice_export import ensure_voice_bundles
-    from .assets import demo_pipeline
-    from .config import load_pipeline
-    from .errors import UsageError
-
-    if args.pipeline is None:
-        # The default pipeline reads the default voice from the user data directory.
-        ensure_voice_bundles("joe", progress=_progress)
-        path = demo_pipeline("speak")
-    else:
-        path = Path(args.pipeline)
-    config = load_pipeline(path)
-    if args.deterministic:
-        if config.adapter is None:
-            raise UsageError(f"--deterministic: pipeline {path} has no speech adapter")
-        options = {**config.adapter.options, "scales": "deterministic"}
-        config = dataclasses.replace(
-            config, adapter=dataclasses.replace(config.adapter, options=options)
-        )
-    return config
-
-
-def _device_arg(text: str | None) -> str | int | None:
-    """``--device``: an index when it is a number, else a name."""
-    if text is None:
-        return None
-    return int(text) if text.strip().isdigit() else text
-
-
-def cmd_speak(args: argparse.Namespace) -> int:
-    import time
-
-    from .adapters.speak import speak_interruptibly
-    from .adapters.tts import SpeechAdapter
-    from .api import Omni
-    from .engine.outputs import AudioChunk
-    from .engine.program import load_program
-    from .errors import UsageError
-
-    out = Path(args.out) if args.out else None
-    metrics_path = Path(args.metrics) if args.metrics else None
-    for path, flag in ((out, "--out"), (metrics_path, "--metrics")):
-        if path is not None and (not path.parent.is_dir() or path.is_dir()):
-            raise UsageError(
-                f"{flag} {path}: accepted: a file in an existing folder"
-                + ("" if path.parent.is_dir() else f" ({path.parent} does not exist)")
-            )
-    play = args.play or args.device is not None
-    device = _device_arg(args.device)
-    if play:
-        from .audio import resolve_output_device
-
-        # A missing or unknown output is reported before anything loads.
-        resolve_output_device(device)
-    config = _speak_config(args)
-    program = load_program(config)
-    if not isinstance(program, SpeechAdapter):
-        raise UsageError(
-            f"pipeline {config.pipeline} cannot speak; accepted: a pipeline whose adapter is "
-            "runtime.adapters.tts:SpeechAdapter (e.g. assets/pipelines/speak.yaml)"
-        )
-    # Unspeakable text is refused here, before any stage starts.
-    started = time.perf_counter()
-    plan = program.prepare(args.text)
-    preparation_s = time.perf_counter() - started
-    heard: list[bool] = []
-
-    def first_audio(output: OmniRequestOutput) -> None:
-        chunk = AudioChunk.from_output(output)
-        if not heard and chunk is not None and chunk.pcm.size:
-            heard.append(True)
-            _progress("speaking; press Ctrl+C to stop")
-
-    with Omni(
-        config,
-        topology=_topology(args) if args.topology else None,
-        selection=_selection(args),
-    ) as omni:
-        # Ctrl+C stops the player within one block, then cancels the request.
-        result = speak_interruptibly(
-            omni,
-            plan,
-            out=out,
-            play=play,
-            device=device,
-            on_chunk=first_audio,
-        )
-    for item in result.skipped[:10]:
-        _progress(f"skipped {item['reason']} {item['text']!r}: {item['detail']}")
-    if metrics_path is not None:
-        document = {
-            **result.to_metrics(),
-            "pipeline": config.pipeline,
-            "text_chars": len(args.text),
-            "text_preparation_s": preparation_s,
-        }
-        metrics_path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    print(result.summary())
-    if result.status == "interrupted":
-        _progress("interrupted; the speech was stopped and nothing is left running")
-        return EXIT_INTERRUPTED
-    return EXIT_OK
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     import signal
 
@@ -695,7 +193,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     # The key is checked before anything loads: a refused address costs no start-up.
     api_key = resolve_api_key(args.host, args.api_key_env)
-    _log_to_stderr()
+    log_to_stderr()
     options = ServeOptions(host=args.host, port=args.port, api_key=api_key)
     if args.pipelines:
         pipelines: list[str | Path] = list(args.pipelines)
@@ -703,25 +201,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from .adapters.voice_export import ensure_voice_bundles
         from .assets import demo_pipeline
 
-        ensure_voice_bundles("joe", progress=_progress)
+        ensure_voice_bundles("joe", progress=say)
         pipelines = [demo_pipeline("add"), demo_pipeline("speak")]
     server = OmniServer(
         pipelines,
         options,
-        topology=_topology(args) if args.topology else None,
-        selection=_selection(args),
-        progress=_progress,
+        topology=given_topology(args),
+        selection=device_selection(args),
+        progress=say,
     )
     with server:
         server.start()
         assert server.registry is not None
         for pipeline in server.registry.pipelines.values():
-            _progress(f"model {pipeline.name} ({pipeline.kind})")
+            say(f"model {pipeline.name} ({pipeline.kind})")
         key_note = f"; clients send the key in ${args.api_key_env}" if api_key else ""
         print(f"serving {server.address}{key_note}", flush=True)
-        _progress("press Ctrl+C to stop")
+        say("press Ctrl+C to stop")
         received = server.serve_forever()
-    _progress("stopped; every pipeline was closed")
+    say("stopped; every pipeline was closed")
     return EXIT_INTERRUPTED if received == signal.SIGINT else EXIT_OK
 
 
@@ -765,40 +263,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("pipeline", help="pipeline YAML file")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
-    _add_machine_args(plan)
+    add_machine_args(plan)
     plan.set_defaults(handler=cmd_plan)
 
-    run = commands.add_parser("run", help="run a pipeline once and save its outputs")
-    run.add_argument("pipeline", help="pipeline YAML file")
-    run.add_argument("--inputs", metavar="X.npz", help="inputs (default: the example inputs)")
-    run.add_argument(
-        "--text",
-        metavar="TEXT",
-        help="the request of a pipeline that takes text; its text streams to stdout",
-    )
-    run.add_argument(
-        "--chat",
-        metavar="FILE.json",
-        help="a conversation for a pipeline that takes text: a JSON list of "
-        '{"role": "system"|"user"|"assistant", "content": ...} messages ending with the '
-        "user's turn, rendered with the model's chat template; the reply streams to stdout",
-    )
-    run.add_argument(
-        "--out",
-        metavar="DIR",
-        help="write outputs.npz, execution_plan.json, metrics.json (with --text or --chat: "
-        "<request>.wav, <request>.txt, execution_plan.json, metrics.json; with --chat also "
-        "<request>.chat.json, the conversation with the reply)",
-    )
-    run.add_argument(
-        "--play", action="store_true", help="with --text: play the audio as it is produced"
-    )
-    run.add_argument("--expect", metavar="REF.npz", help="compare outputs with a reference")
-    run.add_argument("--atol", type=float, default=1e-6, help="absolute tolerance (1e-6)")
-    run.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance (1e-5)")
-    run.add_argument("--json", action="store_true", help="print a JSON summary")
-    _add_machine_args(run)
-    run.set_defaults(handler=cmd_run)
+    from .run_command import add_run_command
+
+    add_run_command(commands)
 
     from .envs.commands import add_env_commands
 
@@ -866,34 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
     export_voice.add_argument("--json", action="store_true", help="print a JSON summary")
     export_voice.set_defaults(handler=cmd_bundle_export_voice)
 
-    speak = commands.add_parser(
-        "speak", help="speak a text with the streaming voice pipeline; write a WAV and/or play"
-    )
-    speak.add_argument("text", help="the text to speak")
-    speak.add_argument("--out", metavar="FILE.wav", help="write the speech as a 16-bit WAV file")
-    speak.add_argument("--play", action="store_true", help="play the speech as it is produced")
-    speak.add_argument(
-        "--device",
-        metavar="NAME|INDEX",
-        help="audio output by name (a part of it) or index (implies --play)",
-    )
-    speak.add_argument(
-        "--metrics",
-        metavar="FILE.json",
-        help="write time to first audio, real-time factor, underruns, ... as JSON",
-    )
-    speak.add_argument(
-        "--pipeline",
-        metavar="YAML",
-        help="a speech pipeline (default: assets/pipelines/speak.yaml with the voice joe)",
-    )
-    speak.add_argument(
-        "--deterministic",
-        action="store_true",
-        help="no sampling noise: the same text always gives the same audio",
-    )
-    _add_machine_args(speak)
-    speak.set_defaults(handler=cmd_speak)
+    from .speak_command import add_speak_command
+
+    add_speak_command(commands)
 
     from .pipeline_commands import add_pipeline_commands
 
@@ -930,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="VAR",
         help="require 'Authorization: Bearer <key>' with the key held by this variable",
     )
-    _add_machine_args(serve)
+    add_machine_args(serve)
     serve.set_defaults(handler=cmd_serve)
 
     bench = commands.add_parser(

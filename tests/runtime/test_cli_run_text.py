@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import soundfile
 
-from runtime.cli import _printable, main
+from runtime.cli import main
 from runtime.errors import EXIT_OK, EXIT_USAGE
+from runtime.run_command import _printable
 from tests.helpers.voice import SPEAK_PIPELINE, assert_speech, export_once
 from tests.runtime.audio.conftest import alsa_null
 

@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from runtime.cli import LoadReporter, main
+from runtime.cli import main
 from runtime.errors import EXIT_OK
 from runtime.events import (
     LoadingStage,
@@ -19,6 +19,8 @@ from runtime.events import (
     StageStarting,
     StageWorkerUp,
 )
+from runtime.records import ExecutionPlan, StageRecord
+from runtime.run_command import LoadReporter
 from tests.helpers.voice import SPEAK_PIPELINE, export_once
 
 if TYPE_CHECKING:
@@ -86,10 +88,12 @@ def test_the_reporter_names_the_stages_still_loading_and_their_seconds() -> None
         reporter(StageStarting(stage="assistant", route="local-vllm", at=0.0))
         reporter(StageStarting(stage="voice", route="cpu", at=0.0))
         reporter(StageWorkerUp(stage="voice", pid=1, at=0.1))
-        reporter(StageReady(stage="voice", record={}, elapsed_s=0.4, at=0.4))
+        reporter(
+            StageReady(stage="voice", record=StageRecord("voice", "graph"), elapsed_s=0.4, at=0.4)
+        )
         # The ticker names what is still loading, with the seconds since the load began.
         assert ticked.wait(30)
-        reporter(PipelineReady(pipeline="chat-speak", execution_plan={}))
+        reporter(PipelineReady(pipeline="chat-speak", execution_plan=ExecutionPlan("chat-speak")))
     finally:
         reporter.close()
     assert written[0] == "loading 2 stage(s): assistant (vLLM worker), voice (graph worker)"
