@@ -231,6 +231,7 @@ class ChatSpeakProgram:
     """The pipeline program of chat to speech: language model 0, acoustic 1, decoder 2."""
 
     input_kind: Final = TEXT_INPUT
+    kind: Final = "chat-speak"
     example_text: Final = DEFAULT_EXAMPLE_TEXT
 
     def __init__(self, config: PipelineConfig, options: Mapping[str, Any]) -> None:

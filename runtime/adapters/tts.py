@@ -391,6 +391,8 @@ class _Pacer:
 class SpeechAdapter:
     """The pipeline program of a two-stage voice: acoustic stage 0, decoder stage 1."""
 
+    kind: Final = "speech"
+
     def __init__(self, config: PipelineConfig, options: Mapping[str, Any]) -> None:
         source = str(config.source) if config.source is not None else None
         line = config.adapter.line if config.adapter is not None else None
@@ -493,6 +495,11 @@ class SpeechAdapter:
         self._silence = np.zeros(round(self.options.sentence_silence_s * voice.sample_rate), "f4")
 
     # -- the program -------------------------------------------------------------------
+
+    @property
+    def voices(self) -> tuple[str, ...]:
+        """The voices a request may ask for (this pipeline speaks with one)."""
+        return (self.options.voice,)
 
     def prepare(self, request_input: object) -> SpeechPlan:
         """Text (or ``{"text": str}``) -> the utterances to speak; raises SpeechInputError.

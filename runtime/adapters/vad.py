@@ -522,6 +522,7 @@ class VadAdapter:
     """The pipeline program of one Silero VAD graph stage (stage 0)."""
 
     input_kind: Final = "tensors"
+    kind: Final = "vad"
 
     def __init__(self, config: PipelineConfig, options: Mapping[str, Any]) -> None:
         from runtime.artifacts import verify_bundle

@@ -234,6 +234,7 @@ class TranscribeAdapter:
     """The pipeline program of a Whisper recogniser: encoder stage 0, decoder stage 1."""
 
     input_kind: Final = AUDIO_INPUT
+    kind: Final = "transcribe"
 
     def __init__(self, config: PipelineConfig, options: Mapping[str, Any]) -> None:
         source = str(config.source) if config.source is not None else None
@@ -250,6 +251,11 @@ class TranscribeAdapter:
                 line=line,
                 key="adapter.options.model",
             )
+
+    @property
+    def max_audio_s(self) -> float:
+        """The longest audio a request may bring (``adapter.options.max_audio_s``)."""
+        return self.options.max_audio_s
 
     # -- the program -------------------------------------------------------------------
 

@@ -25,14 +25,17 @@ from typing import TYPE_CHECKING, Any
 from runtime.backends.inprocess import INPROCESS_WORKER
 from runtime.config import LlmBackendConfig, RemoteLlmRoute
 from runtime.contracts import RequestKey, new_request_id
+from runtime.engine.inputs import InputStream
 from runtime.engine.metrics import RequestMetrics, StageTotals
 from runtime.engine.outputs import END
 from runtime.engine.program import (
     ChainProgram,
     PipelineProgram,
     RequestContext,
+    StreamingProgram,
     concurrent_stages,
     load_program,
+    streams_input,
 )
 from runtime.engine.request import Request as Request
 from runtime.engine.stage_runtime import StageRuntime
@@ -324,17 +327,30 @@ class Orchestrator:
 
     # -- requests (any thread) -------------------------------------------------------
 
-    def submit(self, inputs: Any = None, *, request_id: str | None = None) -> Request:
+    def submit(
+        self, inputs: Any = None, *, request_id: str | None = None, streaming: bool = False
+    ) -> Request:
         """Admit a request or raise ``ResourceUnavailable`` (nothing is queued silently).
 
         ``inputs`` is what the pipeline's program accepts: a mapping of arrays for a graph
         chain (None: the first stage's example inputs), text for a speech adapter, ...
+        With ``streaming`` the request takes more input after it started (``request.input``,
+        fed from any thread); ``inputs``, when given, is its first chunk.
         """
         request_id = request_id or new_request_id()
+        stream: InputStream | None = None
+        first: Any = None
+        if streaming:
+            program = self._streaming()
+            first = None if inputs is None else program.prepare_chunk(inputs)
+            stream = InputStream(request_id)
+            if self._loop is not None:
+                stream.bind(self._loop)
+            prepared: Any = None
+        else:
+            prepared = self.program.prepare(inputs)
         request = Request(
-            request_id=request_id,
-            inputs=self.program.prepare(inputs),
-            key=RequestKey(request_id),
+            request_id=request_id, inputs=prepared, key=RequestKey(request_id), input=stream
         )
         with self._lock:
             if self._state != "running":
@@ -367,10 +383,45 @@ class Orchestrator:
                 )
             self._requests[request_id] = request
         self.events.publish(RequestAdmitted(request_id=request_id, queued=queued))
+        if stream is not None and first is not None:
+            stream.feed_threadsafe(first)
         if not queued:
             assert self._loop is not None
             self._loop.call_soon_threadsafe(self._launch, request)
         return request
+
+    def _streaming(self) -> StreamingProgram:
+        """The program, where it takes input after the start; UsageError otherwise."""
+        program = self.program
+        if not streams_input(program):
+            raise UsageError(
+                f"pipeline {self.config.pipeline} takes its input whole "
+                f"({type(program).__name__}); streaming=True is accepted only by pipelines "
+                "whose program streams input (a graph chain, the transcription adapter)"
+            )
+        return program
+
+    def feed(self, request: Request, chunk: Any) -> None:
+        """More input for a streaming request, from any thread (checked here by the program)."""
+        stream = request.input
+        if stream is None:
+            raise UsageError(
+                f"request {request.request_id} was not submitted with streaming=True; "
+                "feed() and end_input() are accepted only by streaming requests"
+            )
+        if request.cancel_requested or request.stream.closed:
+            raise UsageError(f"request {request.request_id} has ended; it takes no more input")
+        stream.feed_threadsafe(self._streaming().prepare_chunk(chunk))
+
+    def end_input(self, request: Request) -> None:
+        """No more input for a streaming request (any thread); idempotent."""
+        if request.input is None:
+            raise UsageError(
+                f"request {request.request_id} was not submitted with streaming=True; "
+                "feed() and end_input() are accepted only by streaming requests"
+            )
+        if not request.cancel_requested:
+            request.input.end_threadsafe()
 
     def run_direct(self, inputs: Any = None) -> dict[str, np.ndarray] | None:
         """Run one request of a graph chain on the calling thread and return its final
@@ -446,7 +497,10 @@ class Orchestrator:
         status, message = "completed", ""
         context = RequestContext(request, stages, self.events)
         try:
-            await self.program.run(context, request.inputs)
+            if request.input is not None:
+                await self._streaming().run_streaming(context, request.input)
+            else:
+                await self.program.run(context, request.inputs)
             request.stream.put(END)
         except asyncio.CancelledError:
             status, message = "cancelled", "cancelled"
@@ -472,6 +526,9 @@ class Orchestrator:
         request.cancelled = True
         request.cancel_requested = True
         request.stream.put(RequestCancelled(reason))
+        if request.input is not None:
+            # Wakes a program waiting for the next chunk.
+            request.input.fail(RequestCancelled(reason))
         old_key = request.key
         request.key = old_key.fenced()
         with self._lock:
@@ -489,6 +546,8 @@ class Orchestrator:
 
     def _finish(self, request: Request, status: str, message: str) -> None:
         following: list[Request] = []
+        if request.input is not None:
+            request.input.fail(RequestCancelled(f"request {request.request_id} has ended"))
         with self._lock:
             self._requests.pop(request.request_id, None)
             if request in self._running:

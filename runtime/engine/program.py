@@ -22,7 +22,7 @@ import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeGuard
 
 import numpy as np
 
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from runtime.config import PipelineConfig
     from runtime.contracts import RequestKey
     from runtime.contracts.messages import TensorSpec
+    from runtime.engine.inputs import InputStream
     from runtime.engine.request import Request
 
 Transform = Callable[[Mapping[str, np.ndarray]], Mapping[str, Any]]
@@ -537,7 +538,12 @@ class RequestContext:
 
 
 class PipelineProgram(Protocol):
-    """A model adapter: validates a request's input, then drives the stages for it."""
+    """A model adapter: validates a request's input, then drives the stages for it.
+
+    A program that takes input after its request started says ``streams_input = True`` and
+    offers ``prepare_chunk(chunk)`` (check one chunk, in the caller's thread) and
+    ``async run_streaming(ctx, chunks: InputStream)`` (read the chunks until the caller ends
+    its input). It may name what it is in ``kind`` (``graph``, ``speech``, ...)."""
 
     def prepare(self, request_input: Any) -> Any:
         """Check and convert the caller's input (in the caller's thread); raise UsageError."""
@@ -546,6 +552,61 @@ class PipelineProgram(Protocol):
     async def run(self, ctx: RequestContext, prepared: Any) -> None:
         """Call stages and emit outputs; the last emitted output has ``finished=True``."""
         ...
+
+
+class StreamingProgram(PipelineProgram, Protocol):
+    """A program that takes input after its request started (``streams_input = True``)."""
+
+    def prepare_chunk(self, chunk: Any) -> Any:
+        """Check and convert one chunk (in the caller's thread); raise UsageError."""
+        ...
+
+    async def run_streaming(self, ctx: RequestContext, chunks: InputStream) -> None:
+        """Read the chunks until the caller ends its input; emit as :meth:`run` does."""
+        ...
+
+
+def streams_input(program: object) -> TypeGuard[StreamingProgram]:
+    """Whether ``program`` takes input after its request started (``streams_input``)."""
+    return getattr(program, "streams_input", False) is True
+
+
+def program_kind(program: object) -> str:
+    """What ``program`` is, in a word: its ``kind``, else ``adapter``."""
+    kind = getattr(program, "kind", None)
+    return kind if isinstance(kind, str) else "adapter"
+
+
+def concatenated_chunks(
+    chunks: Sequence[Mapping[str, np.ndarray]], *, pipeline: str
+) -> dict[str, np.ndarray]:
+    """Chunks of a mapping of arrays joined along axis 0, input by input (UsageError naming
+    the chunk and input when the names, dtypes or trailing shapes differ)."""
+    if not chunks:
+        raise UsageError(
+            f"pipeline {pipeline}: the streaming request ended with no input; accepted: at "
+            "least one feed() before end_input()"
+        )
+    names = list(chunks[0])
+    for index, chunk in enumerate(chunks[1:], start=1):
+        if sorted(chunk) != sorted(names):
+            raise UsageError(
+                f"pipeline {pipeline}: chunk {index} has inputs {sorted(chunk)}; accepted: "
+                f"the inputs of the first chunk, {sorted(names)}"
+            )
+    joined: dict[str, np.ndarray] = {}
+    for name in names:
+        parts = [chunk[name] for chunk in chunks]
+        first = parts[0]
+        for index, part in enumerate(parts[1:], start=1):
+            if part.dtype != first.dtype or part.shape[1:] != first.shape[1:]:
+                raise UsageError(
+                    f"pipeline {pipeline}: chunk {index}'s {name!r} is {part.dtype} "
+                    f"{part.shape}; accepted: {first.dtype} with trailing shape {first.shape[1:]}"
+                    " (chunks are joined along axis 0)"
+                )
+        joined[name] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+    return joined
 
 
 def concurrent_stages(program: object, config: PipelineConfig) -> tuple[str, ...]:
@@ -560,6 +621,9 @@ class ChainProgram:
     """The linear chain of graph stages with model-owned handoff transforms."""
 
     input_kind: Final = TENSOR_INPUT
+    kind: Final = "graph"
+    #: Fed in chunks (mappings of arrays), joined along axis 0 at the end of input, then run.
+    streams_input: Final = True
 
     def __init__(self, config: PipelineConfig) -> None:
         self.config = config
@@ -582,6 +646,28 @@ class ChainProgram:
                 f"not {type(request_input).__name__}"
             )
         return {str(name): np.asarray(value) for name, value in request_input.items()}
+
+    def prepare_chunk(self, chunk: Any) -> dict[str, np.ndarray]:
+        """One chunk of a streaming request: a non-empty mapping of arrays with an axis 0."""
+        prepared = self.prepare(chunk)
+        if not prepared:
+            raise UsageError(
+                f"pipeline {self.config.pipeline}: a chunk is a non-empty mapping of input "
+                f"name to array, not {chunk!r}"
+            )
+        for name, value in prepared.items():
+            if value.ndim == 0:
+                raise UsageError(
+                    f"pipeline {self.config.pipeline}: chunk input {name!r} is a scalar; "
+                    "accepted: arrays with at least one axis (chunks are joined along axis 0)"
+                )
+        return dict(prepared)
+
+    async def run_streaming(self, ctx: RequestContext, chunks: InputStream) -> None:
+        """Gather the chunks until the end of input, then run the chain once on them."""
+        gathered = [chunk async for chunk in chunks]
+        ctx.check_cancelled()
+        await self.run(ctx, concatenated_chunks(gathered, pipeline=self.config.pipeline))
 
     async def run(self, ctx: RequestContext, prepared: Mapping[str, np.ndarray] | None) -> None:
         inputs = prepared if prepared is not None else ctx.example_inputs(0)
@@ -768,6 +854,7 @@ class TextProgram:
     """
 
     input_kind: Final = TEXT_INPUT
+    kind: Final = "text"
     example_text: Final = "The river and the mountain"
 
     def __init__(self, config: PipelineConfig, options: Mapping[str, Any] | None = None) -> None:

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     import asyncio
 
     from runtime.contracts import RequestKey
+    from runtime.engine.inputs import InputStream
     from runtime.engine.metrics import StageCallMetrics
 
 __all__ = ["Request"]
@@ -35,3 +36,5 @@ class Request:
     #: request no longer counts against admission while the loop winds it up.
     final_consumed: bool = False
     stage_metrics: list[StageCallMetrics] = field(default_factory=list)
+    #: The chunks fed after the start, for a request submitted with ``streaming=True``.
+    input: InputStream | None = None

@@ -1,0 +1,121 @@
+"""Streaming input: the chunks a caller feeds a running request, as its program reads them.
+
+A request submitted with ``streaming=True`` owns one :class:`InputStream`. The caller's thread
+feeds it through :meth:`InputStream.feed_threadsafe` / :meth:`InputStream.end_threadsafe`
+(each hops onto the request's loop); the program iterates it on the loop
+(``async for chunk in stream``) until the caller ends its input. A cancel wakes a program
+waiting for the next chunk with ``RequestCancelled``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from runtime.errors import RequestCancelled, UsageError
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+
+class InputStream:
+    """The chunks of one streaming request, in the order they were fed.
+
+    The caller-side state (``ended``) is guarded by a lock so that ``feed`` after
+    ``end_input`` is refused in the caller's thread; the queue itself lives on the loop."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self._lock = threading.Lock()
+        self._ended = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # Loop side: chunks not yet read, whether the end arrived, and a failure to raise.
+        self._chunks: deque[Any] = deque()
+        self._end = False
+        self._failure: BaseException | None = None
+        self._ready: asyncio.Event | None = None
+        #: Chunks fed so far (caller side), for messages and tests.
+        self.fed = 0
+
+    # -- caller's thread --------------------------------------------------------------
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The loop the request runs on (set once, before the first chunk is fed)."""
+        self._loop = loop
+
+    @property
+    def ended(self) -> bool:
+        """The caller ended its input (or the request ended it by failing or cancelling)."""
+        with self._lock:
+            return self._ended
+
+    def feed_threadsafe(self, chunk: Any) -> None:
+        """Queue one checked chunk from any thread; UsageError once the input has ended."""
+        with self._lock:
+            if self._ended:
+                raise UsageError(
+                    f"request {self.request_id}: its input has ended; feed() is accepted only "
+                    "before end_input()"
+                )
+            self.fed += 1
+            self._call(self._put, chunk)
+
+    def end_threadsafe(self) -> None:
+        """No more chunks (from any thread); idempotent."""
+        with self._lock:
+            if self._ended:
+                return
+            self._ended = True
+            self._call(self._put_end)
+
+    def _call(self, callback: Any, *args: Any) -> None:
+        loop = self._loop
+        if loop is None:
+            raise UsageError(f"request {self.request_id} is not running")
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(callback, *args)
+
+    # -- loop --------------------------------------------------------------------------
+
+    def fail(self, exc: BaseException) -> None:
+        """Wake the reader with ``exc`` (a cancel, a failure); later chunks are dropped."""
+        with self._lock:
+            self._ended = True
+        self._failure = exc
+        self._wake()
+
+    def _put(self, chunk: Any) -> None:
+        if self._failure is None and not self._end:
+            self._chunks.append(chunk)
+            self._wake()
+
+    def _put_end(self) -> None:
+        self._end = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._ready is not None:
+            self._ready.set()
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self
+
+    async def __anext__(self) -> Any:
+        while True:
+            if self._failure is not None:
+                raise self._failure
+            if self._chunks:
+                return self._chunks.popleft()
+            if self._end:
+                raise StopAsyncIteration
+            if self._ready is None:
+                self._ready = asyncio.Event()
+            self._ready.clear()
+            await self._ready.wait()
+
+
+def cancelled_input(request_id: str) -> RequestCancelled:
+    """What a program reading a cancelled request's input gets."""
+    return RequestCancelled(f"request {request_id} was cancelled")
