@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from runtime.artifacts import VerifiedBundle, load_example_inputs
+from runtime.artifacts import load_example_inputs
 from runtime.backends.base import (
     CallResult,
     ReservationRecord,
@@ -31,6 +31,13 @@ from runtime.backends.base import (
     check_usable,
 )
 from runtime.backends.borrowed import BorrowedReader
+from runtime.backends.graph_errors import worker_error
+from runtime.backends.graph_slot import GraphSlot
+
+# Re-exported: the engine and callers import the stage's spec and deadlines from here.
+from runtime.backends.graph_spec import GraphStageSpec as GraphStageSpec
+from runtime.backends.graph_spec import GraphTimeouts as GraphTimeouts
+from runtime.backends.kept_inputs import ArenaKept
 from runtime.backends.placement import PlacementReport, gate_placement
 from runtime.backends.worker_client import (
     WorkerStageClient,
@@ -53,17 +60,13 @@ from runtime.contracts.messages import (
     decode_message,
 )
 from runtime.contracts.process import GRAPH_TMPDIR_PREFIX, PRIVATE_TMPDIR_VARIABLE
-from runtime.devices import ep_device_request
 from runtime.errors import (
     ConfigError,
     ExecutionError,
     ModelError,
     OmniError,
-    PlacementRefused,
     RequestCancelled,
-    ResourceUnavailable,
     StageRetired,
-    VerificationError,
 )
 from runtime.host import spawn_worker
 from runtime.transport.arena import ArenaSlot, arena_size_for
@@ -73,11 +76,8 @@ from runtime.transport.shm import ShmError, new_prefix, sweep_segments
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Mapping
 
-    from runtime.backends.threads import ThreadPlan
-    from runtime.config import RouteConfig
     from runtime.contracts.codec import Frame
-    from runtime.contracts.devices import DeviceDescriptor
-    from runtime.contracts.ep_device import AppliedDevice, EpDeviceRequest
+    from runtime.contracts.ep_device import AppliedDevice
     from runtime.contracts.messages import Message, TensorSpec
     from runtime.events import EventBus
     from runtime.host import LaunchSpec, RetireOutcome
@@ -96,48 +96,6 @@ class _SentCall:
     started: float
     bytes_in: int
     copied: int
-
-
-@dataclass(frozen=True, slots=True)
-class _RetainedInput:
-    """An input kept in this stage's arena between calls of one request: the array the
-    caller passed (compared by identity on the next call) and the pinned slot holding it."""
-
-    request_id: str
-    array: object
-    slot: ArenaSlot
-
-
-@dataclass(frozen=True, slots=True)
-class GraphTimeouts:
-    """Deadlines of the graph client, in seconds."""
-
-    hello_s: float = 30.0
-    load_s: float = 300.0
-    retire_s: float = 5.0
-    #: Deadline for retiring a worker whose active call was cancelled (the stated bound).
-    cancel_retire_s: float = 3.0
-    shutdown_s: float = 2.0
-
-
-@dataclass(frozen=True, slots=True)
-class GraphStageSpec:
-    """One graph stage as the engine resolved it: its verified bundle and its route.
-
-    ``threads`` is the stage's share of ONNX Runtime threads (None: ONNX Runtime's default).
-    Both graph clients (a worker process, or :mod:`runtime.backends.inprocess`) are made from it.
-    """
-
-    name: str
-    bundle: VerifiedBundle
-    route: RouteConfig
-    threads: ThreadPlan | None = None
-    #: The device admission chose for the stage (None: ONNX Runtime's default device).
-    device: DeviceDescriptor | None = None
-
-    def load_device(self) -> EpDeviceRequest | None:
-        """What the worker is asked to find among ONNX Runtime's devices."""
-        return None if self.device is None else ep_device_request(self.device)
 
 
 def device_record(spec: GraphStageSpec, applied: AppliedDevice | None) -> dict[str, Any]:
@@ -249,15 +207,14 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         self._outputs: tuple[TensorSpec, ...] = ()
         self._call_id = 0
         self._pending: dict[int, tuple[RequestKey, asyncio.Future[Any] | cf.Future[Any]]] = {}
-        self._slot: RequestKey | None = None
-        self._running = False
+        self._slot = GraphSlot(self)
         # The retained result's shared buffers, acknowledged when its slot is freed.
         self._result_acks: list[tuple[str, int]] = []
         self.threads = spec.threads
         # Direct calls read their results themselves while the loop lends them the pipe.
         self._borrowed: BorrowedReader | None = None
         #: Inputs kept in the arena between calls of one request, by input name.
-        self._retained: dict[str, _RetainedInput] = {}
+        self._kept = ArenaKept(spec.name, lambda: self._channel)
 
     # -- state -----------------------------------------------------------------------
 
@@ -283,7 +240,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
     @property
     def slot(self) -> RequestKey | None:
         """The request holding this stage's slot (in flight or retained), if any."""
-        return self._slot
+        return self._slot.holder
 
     def example_inputs(self) -> dict[str, np.ndarray]:
         return load_example_inputs(self.bundle)
@@ -434,14 +391,13 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
                 channel.send_acks(acks, from_loop=channel.loop_reading)
             except ExecutionError:
                 pass
-        error = (
-            exc
-            if isinstance(exc, ExecutionError)
-            else ProtocolError(
-                str(exc), code=getattr(exc, "code", "bad_message"), channel=self.name
-            )
-        )
-        self._fail(error)
+        self._fail(self._frame_error(exc))
+
+    def _frame_error(self, exc: ValueError | ExecutionError) -> ExecutionError:
+        """What a frame that could not be read makes of the worker: a protocol error."""
+        if isinstance(exc, ExecutionError):
+            return exc
+        return ProtocolError(str(exc), code=getattr(exc, "code", "bad_message"), channel=self.name)
 
     def _on_frame_thread(self, frame: Frame) -> None:
         """Reader thread: decode, copy buffers out and acknowledge them, then hop to the loop."""
@@ -461,14 +417,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
                     channel.send_acks(acks)
                 except ExecutionError:
                     pass
-            error = (
-                exc
-                if isinstance(exc, ExecutionError)
-                else ProtocolError(
-                    str(exc), code=getattr(exc, "code", "bad_message"), channel=self.name
-                )
-            )
-            self._loop.call_soon_threadsafe(self._fail, error)
+            self._loop.call_soon_threadsafe(self._fail, self._frame_error(exc))
             return
         self._loop.call_soon_threadsafe(self._on_message, message, arrays, frame, [])
 
@@ -560,8 +509,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         log.warning("%s: %s", self.name, error)
 
     def _fail_waiting(self, error: OmniError) -> None:
-        # The arena goes with the channel; nothing kept in it is sent again.
-        self._retained.clear()
+        self._kept.forget()
         for _, future in list(self._pending.values()):
             if not future.done():
                 future.set_exception(error)
@@ -711,11 +659,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         retain: Collection[str] = (),
     ) -> _SentCall:
         check_usable(self.name, self._failure, running=self.usable)
-        if self._slot is not None:
-            raise ResourceUnavailable(
-                f"{self.name} is busy with {self._slot.request_id}: one call and one retained "
-                "result at a time; acknowledge or cancel it first"
-            )
+        self._slot.check_free()
         assert self._channel is not None
         self._call_id += 1
         call_id = self._call_id
@@ -723,14 +667,13 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
             call_id=call_id, request_id=key.request_id, epoch=key.epoch, input_names=tuple(inputs)
         )
         self._pending[call_id] = (key, future)
-        self._slot = key
-        self._running = True
+        self._slot.take(key)
         channel = self._channel
         bytes_in = 0
         for array in inputs.values():
             bytes_in += int(np.asarray(array).nbytes)
         started = time.perf_counter()
-        placed, pin = self._retained_slots(key, inputs, retain)
+        placed, pin = self._kept.slots(key, inputs, retain)
         slots: dict[str, ArenaSlot] = {}
         try:
             copied = channel.send_message(
@@ -746,74 +689,30 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         except (ExecutionError, DescriptorError) as exc:
             # The call never reached the worker: nothing will answer it.
             self._pending.pop(call_id, None)
-            self._running = False
-            if self._slot == key:
-                self._slot = None
+            self._slot.ended()
+            if self._slot.holder == key:
+                self._slot.free()
             if isinstance(exc, ChannelClosed):
                 raise self._failure or self._died("stopped reading its input") from None
             if isinstance(exc, DescriptorError):
                 raise ModelError(f"{self.name}: bad_input: {exc}") from exc
             raise
-        for name in pin:
-            slot = slots.get(name)
-            if slot is not None:
-                self._retained[name] = _RetainedInput(key.request_id, inputs[name], slot)
+        self._kept.keep(key, inputs, pin, slots)
         return _SentCall(started, bytes_in, copied)
-
-    def _retained_slots(
-        self, key: RequestKey, inputs: Mapping[str, np.ndarray], retain: Collection[str]
-    ) -> tuple[dict[str, ArenaSlot], list[str]]:
-        """The kept slots this call sends again, and the inputs it asks to keep anew; drops
-        what another request kept and what this call replaces."""
-        channel = self._channel
-        arena = None if channel is None else channel.arena(self.name)
-        for name, entry in list(self._retained.items()):
-            if entry.request_id != key.request_id or (
-                name in inputs and (name not in retain or inputs[name] is not entry.array)
-            ):
-                self._unpin(name)
-        placed: dict[str, ArenaSlot] = {}
-        pin: list[str] = []
-        if arena is None:
-            return placed, pin
-        for name in retain:
-            if name not in inputs:
-                continue
-            kept = self._retained.get(name)
-            if kept is not None and arena.pinned(kept.slot.generation):
-                placed[name] = kept.slot
-            else:
-                self._retained.pop(name, None)
-                pin.append(name)
-        return placed, pin
-
-    def _unpin(self, name: str) -> None:
-        entry = self._retained.pop(name, None)
-        channel = self._channel
-        if entry is not None and channel is not None:
-            channel.unpin(self.name, entry.slot.generation)
 
     def release_retained(self, request_id: str | None = None) -> int:
         """Free the inputs kept for ``request_id`` (every request's when None); how many."""
-        names = [
-            name
-            for name, entry in self._retained.items()
-            if request_id is None or entry.request_id == request_id
-        ]
-        for name in names:
-            self._unpin(name)
-        return len(names)
+        return self._kept.release(request_id)
 
     @property
     def retained_inputs(self) -> tuple[str, ...]:
         """The names of the inputs kept in the arena now."""
-        return tuple(self._retained)
+        return self._kept.names
 
     def _call_failed(self, key: RequestKey) -> None:
-        self._running = False
-        if self._slot == key and (self._failure is not None or not self._pending):
-            self._slot = None
-            self._send_acks(self._take_result_acks())
+        self._slot.ended()
+        if self._slot.holder == key and (self._failure is not None or not self._pending):
+            self._slot.free()
 
     def _call_result(
         self,
@@ -822,7 +721,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         result: ResultMessage,
         arrays: dict[str, np.ndarray],
     ) -> CallResult:
-        self._running = False
+        self._slot.ended()
         bytes_out = 0
         for array in arrays.values():
             bytes_out += array.nbytes
@@ -842,22 +741,22 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
 
     def acknowledge(self, key: RequestKey) -> bool:
         """Free the slot of ``key``'s retained result; its arrays are no longer valid."""
-        if self._slot is None or self._slot != key or self._running:
-            return False
-        self._slot = None
-        self._send_acks(self._take_result_acks())
-        return True
+        return self._slot.acknowledge(key)
 
     async def cancel(self, key: RequestKey) -> None:
-        # The request ended or was cancelled: the inputs it kept go too.
-        self.release_retained(key.request_id)
-        if self._slot is None or self._slot.request_id != key.request_id:
-            return
-        if not self._running:
-            self._slot = None
-            self._send_acks(self._take_result_acks())
-            return
-        # An active call: fence it now, ask the worker to stop between nodes, and retire it.
+        """Fence ``key``'s request; an active call is asked to stop and the worker retired."""
+        await self._slot.cancel(key)
+
+    # -- what the slot asks of this stage ------------------------------------------------
+
+    def _free_result(self) -> None:
+        self._send_acks(self._take_result_acks())
+
+    def _drop_kept(self, request_id: str) -> None:
+        self.release_retained(request_id)
+
+    def _fence(self, key: RequestKey, call: asyncio.Future[Any] | None) -> None:
+        # Each waiting call of the request fails now; the worker is asked to stop between nodes.
         for call_id, (pending_key, future) in list(self._pending.items()):
             if pending_key.request_id == key.request_id:
                 del self._pending[call_id]
@@ -872,7 +771,8 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
                         pass
                 if not future.done():
                     future.set_exception(RequestCancelled(f"{self.name}: call cancelled"))
-        self._slot = None
+
+    async def _retire_cancelled(self) -> None:
         if self._failure is None:
             self._failure = StageRetired(
                 f"{self.name}: its worker was retired after an active call was cancelled"
@@ -931,34 +831,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
             if not future.done():
                 future.set_exception(StageRetired(f"{self.name} was closed"))
         self._pending.clear()
-
-
-#: Worker error codes that mean the bundle failed verification in the worker.
-_VERIFICATION_CODES = frozenset(
-    {
-        "missing_file",
-        "bad_manifest",
-        "hash_mismatch",
-        "symlink_escape",
-        "bad_graph",
-        "external_data_not_listed",
-        "bad_example_inputs",
-    }
-)
-_PLACEMENT_CODES = frozenset({"provider_absent", "device_absent", "placement_unavailable"})
-
-
-def worker_error(stage: str, code: str, message: str, *, cpu_allowed: bool) -> OmniError:
-    """The typed error of a load-time or fatal error report (``code`` as the worker names it)."""
-    text = f"{stage}: {code}: {message}"
-    if code in _VERIFICATION_CODES:
-        return VerificationError(text, code=code)
-    # Without CPU fallback, a session ORT cannot create is a graph the target cannot place.
-    if code in _PLACEMENT_CODES or (code == "session_failed" and not cpu_allowed):
-        return PlacementRefused(text)
-    if code in ("bad_route", "too_large"):
-        return ConfigError(text)
-    return ModelError(text)
+        self._slot.close()
 
 
 def _temp_variables(tmpdir: Path, os_domain: str) -> dict[str, str]:

@@ -25,8 +25,6 @@ import time
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Final
 
-import numpy as np
-
 from runtime.artifacts import load_example_inputs
 from runtime.backends.base import (
     CallResult,
@@ -35,20 +33,22 @@ from runtime.backends.base import (
     check_usable,
     reservation_record,
 )
-from runtime.backends.graph import BACKEND_NAME, GraphStageDetail, GraphTimeouts, worker_error
+from runtime.backends.graph import BACKEND_NAME, GraphStageDetail
+from runtime.backends.graph_errors import worker_error
+from runtime.backends.graph_slot import GraphSlot
+from runtime.backends.graph_spec import GraphTimeouts
+from runtime.backends.kept_inputs import KeptCopies
 from runtime.backends.placement import PlacementReport, gate_placement
-from runtime.errors import (
-    ModelError,
-    RequestCancelled,
-    ResourceUnavailable,
-    StageRetired,
-    UsageError,
-)
+from runtime.backends.retirement import resolve_quarantine, settle_reservation
+from runtime.errors import ModelError, RequestCancelled, StageRetired, UsageError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Mapping
+    from typing import Any
 
-    from runtime.backends.graph import GraphStageSpec
+    import numpy as np
+
+    from runtime.backends.graph_spec import GraphStageSpec
     from runtime.contracts import RequestKey
     from runtime.contracts.ep_device import AppliedDevice
     from runtime.contracts.messages import TensorSpec
@@ -98,11 +98,10 @@ class InProcessGraphClient:
         self._placement: PlacementReport | None = None
         self._failure: OmniError | None = None
         self._closed = False
-        self._slot: RequestKey | None = None
-        self._running: asyncio.Future[CallOutcome] | None = None
+        self._slot = GraphSlot(self)
         self._retained: Mapping[str, np.ndarray] | None = None
-        #: Inputs kept between calls of one request: name -> (request, caller's array, copy).
-        self._kept: dict[str, tuple[str, object, np.ndarray]] = {}
+        #: Inputs kept between calls of one request (copied once, reused while passed again).
+        self._kept = KeptCopies()
         self._retire_task: asyncio.Task[None] | None = None
         #: The reservation quarantined while a cancelled call runs on past its deadline.
         self._quarantined: str | None = None
@@ -141,7 +140,7 @@ class InProcessGraphClient:
     @property
     def slot(self) -> RequestKey | None:
         """The request holding this stage's slot (in flight or retained), if any."""
-        return self._slot
+        return self._slot.holder
 
     def example_inputs(self) -> dict[str, np.ndarray]:
         return load_example_inputs(self.bundle)
@@ -247,15 +246,12 @@ class InProcessGraphClient:
         from workers.ort_session import check_call_inputs
 
         check_usable(self.name, self._failure, running=self.usable)
-        if self._slot is not None:
-            raise ResourceUnavailable(
-                f"{self.name} is busy with {self._slot.request_id}: one call and one retained "
-                "result at a time; acknowledge or cancel it first"
-            )
+        slot = self._slot
+        slot.check_free()
         runner, loop = self._runner, self._loop
         assert runner is not None
         assert loop is not None
-        arrays, copied = self._copy_inputs(key, inputs, retain)
+        arrays, copied = self._kept.copy(key, inputs, retain)
         try:
             check_call_inputs(arrays, self.buckets, self.route.max_io_bytes)
         except WorkerError as refused:
@@ -268,8 +264,7 @@ class InProcessGraphClient:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._on_done, future, outcome)
 
-        self._slot = key
-        self._running = future
+        slot.take(key, call=future)
         started = time.perf_counter()
         try:
             runner.submit(arrays, on_done=done)
@@ -279,19 +274,18 @@ class InProcessGraphClient:
             outcome = await future
         except BaseException:
             # cancel() and close() free the slot themselves; here the caller stopped waiting.
-            if self._running is future:
-                self._running = None
-                self._slot = None
+            if slot.call is future:
+                slot.free()
                 if future.cancelled() or not future.done():
                     # The call still runs and nobody takes its result: stop it as cancel() would
                     # (a task cancelled while it waited cancelled the future with it).
                     self._retire_after_cancel()
             raise
-        if self._running is future:
-            self._running = None
+        if slot.call is future:
+            slot.ended()
         if outcome.error is not None or outcome.outputs is None:
-            if self._slot == key:
-                self._slot = None
+            if slot.holder == key:
+                slot.free()
             error = outcome.error
             code, text = (
                 ("model_error", "no outputs") if error is None else (error.code, error.message)
@@ -303,7 +297,7 @@ class InProcessGraphClient:
         for array in outputs.values():
             array.flags.writeable = False
         retained = MappingProxyType(outputs)
-        if self._slot == key:
+        if slot.holder == key:
             self._retained = retained
         return CallResult(
             key=key,
@@ -315,34 +309,10 @@ class InProcessGraphClient:
             copied_bytes=copied,
         )
 
-    def _copy_inputs(
-        self, key: RequestKey, inputs: Mapping[str, np.ndarray], retain: Collection[str]
-    ) -> tuple[dict[str, np.ndarray], int]:
-        """This call's own copies of ``inputs`` (a kept one reused) and the bytes copied."""
-        for name, (request_id, source, _) in list(self._kept.items()):
-            if request_id != key.request_id or (
-                name in inputs and (name not in retain or inputs[name] is not source)
-            ):
-                del self._kept[name]
-        arrays: dict[str, np.ndarray] = {}
-        copied = 0
-        for name, value in inputs.items():
-            kept = self._kept.get(name)
-            if kept is not None:
-                arrays[str(name)] = kept[2]
-                continue
-            array = np.array(value, copy=True)
-            copied += int(array.nbytes)
-            if name in retain:
-                array.flags.writeable = False
-                self._kept[name] = (key.request_id, value, array)
-            arrays[str(name)] = array
-        return arrays, copied
-
     @property
     def retained_inputs(self) -> tuple[str, ...]:
         """The names of the inputs kept now."""
-        return tuple(self._kept)
+        return self._kept.names
 
     def _on_done(self, future: asyncio.Future[CallOutcome], outcome: CallOutcome) -> None:
         """On the loop: a call ended (a cancelled one's outcome is dropped)."""
@@ -350,8 +320,8 @@ class InProcessGraphClient:
             future.set_result(outcome)
         if self._quarantined is not None:
             reservation_id, self._quarantined = self._quarantined, None
-            self._ledger.resolve_quarantine(reservation_id)
-            log.info("%s: the cancelled in-process call ended; reservation released", self.name)
+            if resolve_quarantine(self._ledger, reservation_id, stage=self.name):
+                log.info("%s: the cancelled in-process call ended; reservation released", self.name)
 
     @property
     def direct_calls(self) -> bool:
@@ -370,28 +340,26 @@ class InProcessGraphClient:
 
     def acknowledge(self, key: RequestKey) -> bool:
         """Free the slot of ``key``'s retained result; its arrays are no longer this stage's."""
-        if self._slot is None or self._slot != key or self._running is not None:
-            return False
-        self._slot = None
-        self._retained = None
-        return True
+        return self._slot.acknowledge(key)
 
     async def cancel(self, key: RequestKey) -> None:
-        for name, (request_id, _, _) in list(self._kept.items()):
-            if request_id == key.request_id:
-                del self._kept[name]
-        if self._slot is None or self._slot.request_id != key.request_id:
-            return
-        running = self._running
-        self._slot = None
+        """Fence ``key``'s request; an active call is asked to stop and the stage retired."""
+        await self._slot.cancel(key)
+
+    # -- what the slot asks of this stage ------------------------------------------------
+
+    def _free_result(self) -> None:
         self._retained = None
-        if running is None or running.done():
-            # The call had ended (its result not yet taken): the slot is free, the stage kept.
-            self._running = None
-            return
-        # An active call: fence it now, ask ONNX Runtime to stop between nodes, retire.
-        self._running = None
-        running.set_exception(RequestCancelled(f"{self.name}: call cancelled"))
+
+    def _drop_kept(self, request_id: str) -> None:
+        self._kept.release(request_id)
+
+    def _fence(self, key: RequestKey, call: asyncio.Future[Any] | None) -> None:
+        if call is not None and not call.done():
+            call.set_exception(RequestCancelled(f"{self.name}: call cancelled"))
+
+    async def _retire_cancelled(self) -> None:
+        # ONNX Runtime is asked to stop between nodes; the stage goes either way.
         self._retire_after_cancel()
         await self._retire()
 
@@ -406,10 +374,8 @@ class InProcessGraphClient:
     async def close(self) -> None:
         """Stop a running call and settle the stage's reservation. Idempotent."""
         self._closed = True
-        running, self._running = self._running, None
-        self._slot = None
-        self._retained = None
-        self._kept.clear()
+        running = self._slot.close()
+        self._kept.release()
         if running is not None and not running.done():
             running.set_exception(StageRetired(f"{self.name} was closed"))
         if self._loop is None:
@@ -435,13 +401,13 @@ class InProcessGraphClient:
         reservation, self._reservation = self._reservation, None
         if reservation is None:
             return
-        if stopped:
-            self._ledger.release(reservation.id)
-            return
-        why = (
-            f"an in-process call of {self.name} was still running "
-            f"{self.timeouts.cancel_retire_s} s after it was told to stop"
-        )
-        log.warning("%s", why)
-        self._ledger.quarantine(reservation.id, why)
-        self._quarantined = reservation.id
+        why = None
+        if not stopped:
+            why = (
+                f"an in-process call of {self.name} was still running "
+                f"{self.timeouts.cancel_retire_s} s after it was told to stop"
+            )
+            log.warning("%s", why)
+            # Resolved when the call ends (``_on_done``): no process to watch here.
+            self._quarantined = reservation.id
+        settle_reservation(self._ledger, reservation, why, stage=self.name)

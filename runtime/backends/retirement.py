@@ -1,12 +1,13 @@
 """Settling a retired stage's reservation: release it, or quarantine it until its tree is gone.
 
-Both stage clients (graph and vLLM) end a worker the same way: bounded retirement, then
-the ledger. A tree confirmed gone releases its reservation at once. A tree with survivors
-that were killed but had not exited by the deadline (a large address space still being
-torn down, a thread in uninterruptible I/O) keeps its reservation quarantined while a
-watcher waits for those survivors, by identity; once they are gone the leftovers are
-removed and the quarantine is resolved. An unverified tree has nothing to watch and stays
-quarantined.
+Every stage client (graph and vLLM workers, and a graph stage in this process) ends the same
+way: bounded retirement, then the ledger. A tree confirmed gone releases its reservation at
+once. A tree with survivors that were killed but had not exited by the deadline (a large
+address space still being torn down, a thread in uninterruptible I/O) keeps its reservation
+quarantined while a watcher waits for those survivors, by identity; once they are gone the
+leftovers are removed and the quarantine is resolved. An unverified tree has nothing to
+watch and stays quarantined. A cancelled in-process call that runs on past its deadline keeps the stage's
+reservation quarantined until the call ends (:func:`resolve_quarantine`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from runtime.host import ProcessIdentity
     from runtime.ledger import ResourceLedger, StageReservation
 
-__all__ = ["LATE_EXIT_WATCH_S", "settle_reservation"]
+__all__ = ["LATE_EXIT_WATCH_S", "resolve_quarantine", "settle_reservation"]
 
 log = logging.getLogger("omni.backends.retirement")
 
@@ -60,11 +61,7 @@ def settle_reservation(
     def gone(elapsed_s: float) -> None:
         if cleanup is not None:
             cleanup()
-        try:
-            ledger.resolve_quarantine(reservation_id)
-        except UsageError as exc:
-            # Resolved by its owner meanwhile; nothing is charged twice.
-            log.info("%s: quarantine already settled: %s", stage, exc)
+        if not resolve_quarantine(ledger, reservation_id, stage=stage):
             return
         log.info(
             "%s: the worker's last processes exited %.1f s after retirement; reservation %s "
@@ -75,3 +72,14 @@ def settle_reservation(
         )
 
     return watch_until_gone(stage, survivors, watch_s, gone)
+
+
+def resolve_quarantine(ledger: ResourceLedger, reservation_id: str, *, stage: str) -> bool:
+    """Release a quarantined reservation once what held it is gone (False: settled meanwhile)."""
+    try:
+        ledger.resolve_quarantine(reservation_id)
+    except UsageError as exc:
+        # Resolved by its owner meanwhile; nothing is charged twice.
+        log.info("%s: quarantine already settled: %s", stage, exc)
+        return False
+    return True
