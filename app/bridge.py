@@ -98,6 +98,7 @@ if TYPE_CHECKING:
     from runtime.config import PipelineConfig
     from runtime.devices import Topology
     from runtime.engine.orchestrator import Request
+    from runtime.records import ExecutionPlan
 
 #: Loggers whose records the Log panel shows (runtime, workers' stderr, the ledger).
 FORWARDED_LOGGERS = ("omni", "runtime")
@@ -621,7 +622,7 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
 
     # -- GUI-thread continuations ------------------------------------------------------
 
-    def _opened(self, opened: OpenedPipeline, warm: dict[str, Any] | None = None) -> None:
+    def _opened(self, opened: OpenedPipeline, warm: ExecutionPlan | None = None) -> None:
         """``warm``: the execution plan of its stages, still loaded from earlier."""
         if self._state is not RunState.OPENING:
             return  # closing: the unload that follows takes the warm stages too

@@ -43,7 +43,7 @@ from app.models import (
     TopologyView,
     TranscriptSegment,
 )
-from runtime.artifacts import load_example_inputs, verify_bundle
+from runtime.artifacts import inspect_bundle, load_example_inputs
 from runtime.config import GraphBackendConfig, LlmBackendConfig, load_pipeline
 from runtime.devices import DISCOVERED, DeviceSelection
 from runtime.engine.outputs import AUDIO_KEYS, AudioChunk, OmniRequestOutput
@@ -81,13 +81,13 @@ from runtime.planning import plan_pipeline
 
 if TYPE_CHECKING:
     import concurrent.futures as cf
-    from collections.abc import Mapping
 
     from runtime.artifacts import BundleReport
     from runtime.config import PipelineConfig
     from runtime.devices import Topology
     from runtime.ledger import LedgerSnapshot
     from runtime.planning import PipelinePlan
+    from runtime.records import ExecutionPlan, StageRecord
 
 #: What a text pipeline offers to say when its adapter names no example.
 DEFAULT_TEXT = "Hello! This is Omni Edge Studio, speaking on the devices of this computer."
@@ -269,41 +269,34 @@ def _plan_view(plan: PipelinePlan) -> PlanView:
     )
 
 
-def _optional_float(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) else None
+def _stage_execution_view(record: StageRecord) -> StageExecutionView:
+    worker, placement, reservation = record.worker, record.placement, record.reservation
+    return StageExecutionView(
+        name=record.stage,
+        route=record.route_name,
+        ep=record.ep,
+        pid=None if worker is None else worker.pid,
+        generation=0 if worker is None else worker.generation,
+        provider_counts={} if placement is None else dict(placement.counts),
+        total_nodes=0 if placement is None else placement.total_nodes,
+        fraction_on_target=None if placement is None else placement.fraction_on_target,
+        target_provider=None if placement is None else placement.target_provider,
+        placement_method=None if placement is None else placement.method,
+        reservation_id=None if reservation is None else reservation.id,
+        reservation={} if reservation is None else dict(reservation.amounts),
+        load_s=record.load_s,
+        warmup_s=record.warmup_s,
+        worker_rss_bytes=record.worker_rss_bytes,
+        usable=record.usable,
+    )
 
 
-def execution_view(plan: Mapping[str, Any]) -> ExecutionView:
-    stages = []
-    for record in plan.get("stages", ()):
-        worker = record.get("worker") or {}
-        route = record.get("route") or {}
-        placement = record.get("placement") or {}
-        reservation = record.get("reservation") or {}
-        stages.append(
-            StageExecutionView(
-                name=str(record.get("stage", "")),
-                route=str(route.get("name", "")),
-                ep=str(route.get("ep", "")),
-                pid=worker.get("pid"),
-                generation=int(worker.get("generation", 0)),
-                provider_counts=dict(placement.get("counts", {})),
-                total_nodes=int(placement.get("total_nodes", 0)),
-                fraction_on_target=_optional_float(placement.get("fraction_on_target")),
-                target_provider=placement.get("target_provider"),
-                placement_method=placement.get("method"),
-                reservation_id=reservation.get("id"),
-                reservation=dict(reservation.get("amounts", {})),
-                load_s=_optional_float(record.get("load_s")),
-                warmup_s=_optional_float(record.get("warmup_s")),
-                worker_rss_bytes=record.get("worker_rss_bytes"),
-                usable=bool(record.get("usable", True)),
-            )
-        )
+def execution_view(plan: ExecutionPlan) -> ExecutionView:
+    """The loaded stages as the studio's execution view shows them."""
     return ExecutionView(
-        pipeline=str(plan.get("pipeline", "")),
-        label=str(plan.get("label", "")),
-        stages=tuple(stages),
+        pipeline=plan.pipeline,
+        label=plan.label,
+        stages=tuple(_stage_execution_view(record) for record in plan.stages),
     )
 
 
@@ -524,15 +517,16 @@ def event_line(event: Event) -> tuple[str, str] | None:
     if isinstance(event, StageStarting):
         return "INFO", f"{event.stage}: starting on route {event.route}"
     if isinstance(event, StageReady):
-        record = event.record
-        worker = record.get("worker") or {}
-        placement = record.get("placement") or {}
-        counts = ", ".join(
-            f"{count} on {name}" for name, count in placement.get("counts", {}).items()
+        worker, placement = event.record.worker, event.record.placement
+        counts = (
+            ""
+            if placement is None
+            else ", ".join(f"{count} on {name}" for name, count in placement.counts.items())
         )
         return "INFO", (
-            f"{event.stage}: ready in {event.elapsed_s:.1f} s, worker pid {worker.get('pid')} "
-            f"generation {worker.get('generation')}; nodes: {counts or 'not reported'}"
+            f"{event.stage}: ready in {event.elapsed_s:.1f} s, worker pid "
+            f"{None if worker is None else worker.pid} generation "
+            f"{None if worker is None else worker.generation}; nodes: {counts or 'not reported'}"
         )
     if isinstance(event, StageWorkerUp):
         return "INFO", f"{event.stage}: worker pid {event.pid} started, loading"
@@ -588,6 +582,8 @@ def load_view(snapshot: LoadSnapshot) -> LoadView:
 class OpenedPipeline:
     info: PipelineInfo
     config: PipelineConfig
+    #: The admission shown: loading ``config`` may take its verified bundles (no second hash).
+    plan: PipelinePlan | None = None
 
 
 def describe_pipeline(
@@ -602,9 +598,15 @@ def describe_pipeline(
     It reads and verifies files (the bridge calls it on its control thread); a bundle's
     manifest or folder gets the one-stage pipeline :func:`pipeline_for_bundle` writes."""
     bundle = is_manifest_path(path)
-    source = pipeline_for_bundle(path, topology) if bundle else path
+    # Each file is read once: the pipeline parsed once, each bundle hashed once.
+    known: dict[Path, BundleReport] = {}
+    source = path
+    if bundle:
+        report = inspect_bundle(path)
+        known[report.manifest_path] = report
+        source = pipeline_for_bundle(path, topology, report.verified())
     config = load_pipeline(source)
-    plan = plan_pipeline(source, topology=topology, selection=selection)
+    plan = plan_pipeline(config, topology=topology, selection=selection, bundles=known)
     kinds = {TENSOR_INPUT: InputKind.TENSORS, AUDIO_INPUT: InputKind.AUDIO}
     kind = kinds.get(input_kind(config), InputKind.TEXT)
     examples: dict[str, np.ndarray] = {}
@@ -616,7 +618,7 @@ def describe_pipeline(
         and first_report is not None
         and first_report.ok
     ):
-        examples = load_example_inputs(verify_bundle(first.manifest))
+        examples = load_example_inputs(first_report.verified())
     text = example_text(config)
     info = PipelineInfo(
         path=source,
@@ -636,7 +638,7 @@ def describe_pipeline(
         chat=kind is InputKind.TEXT
         and any(isinstance(stage.backend, LlmBackendConfig) for stage in config.stages),
     )
-    return OpenedPipeline(info, config)
+    return OpenedPipeline(info, config, plan)
 
 
 def toggled_selection(

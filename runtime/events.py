@@ -11,7 +11,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runtime.records import ExecutionPlan, StageRecord
 
 log = logging.getLogger("omni.engine.events")
 
@@ -32,7 +35,7 @@ class StageStarting(Event):
 @dataclass(frozen=True, slots=True)
 class StageReady(Event):
     stage: str
-    record: dict[str, Any]
+    record: StageRecord
     #: Seconds from the stage's ``StageStarting`` to ready.
     elapsed_s: float = 0.0
 
@@ -40,7 +43,7 @@ class StageReady(Event):
 @dataclass(frozen=True, slots=True)
 class PipelineReady(Event):
     pipeline: str
-    execution_plan: dict[str, Any]
+    execution_plan: ExecutionPlan
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,11 +10,12 @@ which class serves a stage is decided when the stage is made (its route).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from runtime.errors import StageRetired
+from runtime.records import ReservationRecord, StageDetail, StageRecord, WorkerRecord
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
@@ -26,6 +27,21 @@ if TYPE_CHECKING:
     from runtime.contracts.messages import TensorSpec
     from runtime.errors import OmniError
     from runtime.ledger import StageReservation
+
+#: The stage records live in :mod:`runtime.records`; they are named here for the backends.
+__all__ = [
+    "CallResult",
+    "Delta",
+    "GraphClient",
+    "LlmClient",
+    "ReservationRecord",
+    "StageClient",
+    "StageDetail",
+    "StageRecord",
+    "WorkerRecord",
+    "check_usable",
+    "reservation_record",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,57 +86,6 @@ class Delta:
     received_at: float
     #: The prompt's length in tokens, on the last delta where the engine reports it.
     prompt_tokens: int | None = None
-
-
-class StageDetail(Protocol):
-    """What one kind of stage reports beyond its name and backend (a frozen value)."""
-
-    def to_json(self) -> dict[str, Any]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class StageRecord:
-    """What a started stage reports about itself, for ``execution_plan``."""
-
-    stage: str
-    backend: str
-    detail: StageDetail | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        extra = {} if self.detail is None else self.detail.to_json()
-        return {"stage": self.stage, "backend": self.backend, **extra}
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerRecord:
-    """The process serving a stage: its pid, generation and command line."""
-
-    pid: int | None
-    generation: int
-    argv: tuple[str, ...] = ()
-    #: The stage runs in the controller's process (``pid`` is the controller's).
-    in_process: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        document: dict[str, Any] = {
-            "pid": self.pid,
-            "generation": self.generation,
-            "argv": list(self.argv),
-        }
-        if self.in_process:
-            document["in_process"] = True
-        return document
-
-
-@dataclass(frozen=True, slots=True)
-class ReservationRecord:
-    """A stage's reservation in the ledger, while it holds one."""
-
-    id: str
-    amounts: Mapping[str, int] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "amounts": dict(self.amounts)}
 
 
 def reservation_record(reservation: StageReservation | None) -> ReservationRecord | None:

@@ -148,6 +148,14 @@ class GraphStageDetail:
     failure: str | None
     applied_device: AppliedDevice | None = None
 
+    @property
+    def route_name(self) -> str:
+        return self.spec.route.name
+
+    @property
+    def ep(self) -> str:
+        return self.spec.route.ep
+
     def to_json(self) -> dict[str, Any]:
         bundle, route, threads = self.spec.bundle, self.spec.route, self.spec.threads
         return {

@@ -43,7 +43,7 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 from urllib.parse import SplitResult, urlsplit
 
 import httpx
@@ -217,6 +217,16 @@ class RemoteStageDetail:
     check_s: float | None
     usable: bool
     failure: str | None
+
+    # A remote stage has no route, worker, reservation or placement here, and loads nothing.
+    route_name: ClassVar[str] = ""
+    ep: ClassVar[str] = ""
+    worker: ClassVar[None] = None
+    reservation: ClassVar[None] = None
+    placement: ClassVar[None] = None
+    load_s: ClassVar[None] = None
+    warmup_s: ClassVar[None] = None
+    worker_rss_bytes: ClassVar[None] = None
 
     def to_json(self) -> dict[str, Any]:
         endpoint = self.endpoint

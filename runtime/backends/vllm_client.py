@@ -172,6 +172,33 @@ class VllmStageDetail:
     usable: bool
     failure: str | None
 
+    @property
+    def route_name(self) -> str:
+        """The record names no route (its ``route`` entry is where the worker runs)."""
+        return ""
+
+    @property
+    def ep(self) -> str:
+        return self.spec.route.ep
+
+    @property
+    def placement(self) -> None:
+        """A language-model engine reports no node placement."""
+        return None
+
+    @property
+    def load_s(self) -> float | None:
+        return None if self.ready is None else self.ready.load_s
+
+    @property
+    def warmup_s(self) -> None:
+        """The engine's warm-up is part of its load."""
+        return None
+
+    @property
+    def worker_rss_bytes(self) -> int | None:
+        return None if self.ready is None else self.ready.rss_bytes
+
     def to_json(self) -> dict[str, Any]:
         spec, ready = self.spec, self.ready
         return {

@@ -58,6 +58,7 @@ from runtime.events import (
     RequestFinished,
 )
 from runtime.ledger import ResourceLedger
+from runtime.records import ExecutionPlan
 
 if TYPE_CHECKING:
     import numpy as np
@@ -157,7 +158,8 @@ class Orchestrator:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._state = "new"  # new -> running -> closed
-        self._execution_plan: dict[str, Any] = {}
+        #: The stages as started (none before ``start``).
+        self._execution_plan = ExecutionPlan(pipeline=config.pipeline)
         self._completed: list[RequestMetrics] = []
         #: ``cancel_start`` was called; the start task it cancels, once it runs.
         self._start_cancelled = False
@@ -165,7 +167,7 @@ class Orchestrator:
 
     # -- lifecycle -------------------------------------------------------------------
 
-    def start(self) -> dict[str, Any]:
+    def start(self) -> ExecutionPlan:
         """Start the loop thread and every stage; blocks until ready or raises (unwound).
 
         Publishes ``PipelineLoading`` first, each stage's phases as it goes, then
@@ -287,7 +289,7 @@ class Orchestrator:
         return self._state == "running"
 
     @property
-    def execution_plan(self) -> dict[str, Any]:
+    def execution_plan(self) -> ExecutionPlan:
         return self._execution_plan
 
     @property

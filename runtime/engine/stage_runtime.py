@@ -69,6 +69,7 @@ from runtime.ledger import format_bytes
 from runtime.models.marker import ModelBuildError
 from runtime.models.smollm2 import ensure_smollm2_model
 from runtime.models.tiny_llm import ensure_tiny_model
+from runtime.records import ExecutionPlan
 
 if TYPE_CHECKING:
     from collections.abc import Collection
@@ -351,9 +352,7 @@ class StageRuntime:
             self.events.publish(StageFailed(stage=handle.name, message=message, elapsed_s=elapsed))
             raise
         elapsed = time.monotonic() - started
-        self.events.publish(
-            StageReady(stage=handle.name, record=record.to_json(), elapsed_s=elapsed)
-        )
+        self.events.publish(StageReady(stage=handle.name, record=record, elapsed_s=elapsed))
         return record
 
     async def _make_stage(
@@ -483,12 +482,10 @@ class StageRuntime:
                 if reservation.id in {r.id for r in self.ledger.snapshot().reservations}:
                     self.ledger.release(reservation.id)
 
-    def execution_plan(self) -> dict[str, Any]:
+    def execution_plan(self) -> ExecutionPlan:
         """The resolved plan: identity, worker generation, route, reservations, placement."""
-        return {
-            "pipeline": self.config.pipeline,
-            "label": "B",
-            "label_meaning": "backend execution of the listed stages, not complete-model (P)",
-            "source": None if self.config.source is None else str(self.config.source),
-            "stages": [stage.record() for stage in self.stages],
-        }
+        return ExecutionPlan(
+            pipeline=self.config.pipeline,
+            source=None if self.config.source is None else str(self.config.source),
+            stages=tuple(stage.record() for stage in self.stages),
+        )

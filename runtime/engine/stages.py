@@ -11,7 +11,7 @@ class serves the stage.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeAlias
+from typing import TYPE_CHECKING, ClassVar, Final, TypeAlias
 
 from runtime.chat import ChatTemplate
 
@@ -54,8 +54,8 @@ class GraphStage:
     async def close(self) -> None:
         await self.client.close()
 
-    def record(self) -> dict[str, Any]:
-        return self.client.record().to_json()
+    def record(self) -> StageRecord:
+        return self.client.record()
 
 
 class LlmStage:
@@ -111,9 +111,9 @@ class LlmStage:
     async def close(self) -> None:
         await self.client.close()
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> StageRecord:
         """The stage's entry of ``execution_plan``, as it is now."""
-        return self.client.record().to_json()
+        return self.client.record()
 
 
 #: A started stage of either kind.

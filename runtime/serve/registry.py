@@ -202,8 +202,8 @@ class ServedPipeline:
         omni = self._omni
         if omni is None:
             return None
-        for stage in omni.execution_plan.get("stages", []):
-            model_dir = stage.get("model_dir") if isinstance(stage, dict) else None
+        for stage in omni.execution_plan.to_json()["stages"]:
+            model_dir = stage.get("model_dir")
             if isinstance(model_dir, str):
                 return Path(model_dir)
         return None

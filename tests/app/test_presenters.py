@@ -3,7 +3,9 @@ and one metrics accumulator, tested without a QApplication."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,6 +28,7 @@ from app.presenters import (
     output_items,
     toggled_selection,
 )
+from runtime.backends.placement import PlacementReport
 from runtime.devices import DeviceSelection, discover_topology, load_topology
 from runtime.engine.outputs import OmniRequestOutput
 from runtime.engine.stage_runtime import StageStartError
@@ -52,6 +55,25 @@ from runtime.events import (
     StageWorkerUp,
     WorkerRetired,
 )
+from runtime.records import ExecutionPlan, ReservationRecord, StageRecord, WorkerRecord
+
+
+@dataclass(frozen=True, slots=True)
+class _GraphLikeDetail:
+    """A stage detail with the common fields a graph stage reports (the studio reads only these)."""
+
+    route_name: str = "local-cpu"
+    ep: str = "cpu"
+    worker: WorkerRecord | None = None
+    reservation: ReservationRecord | None = None
+    placement: PlacementReport | None = None
+    load_s: float | None = None
+    warmup_s: float | None = None
+    worker_rss_bytes: int | None = None
+    usable: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {"route": {"name": self.route_name, "ep": self.ep}}
 
 
 def _output(
@@ -218,13 +240,15 @@ def test_errors_map_to_the_action_that_helps() -> None:
 
 
 def test_events_become_log_lines() -> None:
+    placement = PlacementReport(
+        counts={"CPUExecutionProvider": 7},
+        total_nodes=7,
+        method="assignment_info",
+        target_provider="CPUExecutionProvider",
+    )
+    detail = _GraphLikeDetail(worker=WorkerRecord(pid=42, generation=2), placement=placement)
     ready = StageReady(
-        stage="decoder",
-        record={
-            "worker": {"pid": 42, "generation": 2},
-            "placement": {"counts": {"CPUExecutionProvider": 7}},
-        },
-        elapsed_s=0.42,
+        stage="decoder", record=StageRecord("decoder", "graph", detail), elapsed_s=0.42
     )
     assert event_line(ready) == (
         "INFO",
@@ -249,37 +273,34 @@ def test_events_become_log_lines() -> None:
 
 
 def test_an_execution_plan_becomes_its_stage_rows() -> None:
-    view = execution_view(
-        {
-            "pipeline": "speak",
-            "label": "B",
-            "stages": [
-                {
-                    "stage": "acoustic",
-                    "route": {"name": "local-cpu", "ep": "cpu"},
-                    "worker": {"pid": 7, "generation": 1},
-                    "placement": {
-                        "counts": {"CPUExecutionProvider": 10},
-                        "total_nodes": 10,
-                        "fraction_on_target": 1,
-                        "target_provider": "CPUExecutionProvider",
-                        "method": "assignment_info",
-                    },
-                    "reservation": {"id": "r-1", "amounts": {"machine:ram": 512}},
-                    "load_s": 0.5,
-                    "usable": False,
-                },
-                {"stage": "llm"},
-            ],
-        }
+    placement = PlacementReport(
+        counts={"CPUExecutionProvider": 10},
+        total_nodes=10,
+        method="assignment_info",
+        target_provider="CPUExecutionProvider",
     )
+    acoustic_detail = _GraphLikeDetail(
+        worker=WorkerRecord(pid=7, generation=1),
+        placement=placement,
+        reservation=ReservationRecord("r-1", {"machine:ram": 512}),
+        load_s=0.5,
+        usable=False,
+    )
+    stages = (StageRecord("acoustic", "graph", acoustic_detail), StageRecord("llm", "scripted"))
+    view = execution_view(ExecutionPlan(pipeline="speak", stages=stages))
     acoustic, llm = view.stages
     assert (view.pipeline, view.label) == ("speak", "B")
     assert (acoustic.route, acoustic.pid, acoustic.generation) == ("local-cpu", 7, 1)
     assert (acoustic.fraction_on_target, acoustic.total_nodes) == (1.0, 10)
+    assert (acoustic.target_provider, acoustic.placement_method) == (
+        "CPUExecutionProvider",
+        "assignment_info",
+    )
+    assert (acoustic.ep, acoustic.reservation_id) == ("cpu", "r-1")
     assert acoustic.reservation == {"machine:ram": 512}
     assert (acoustic.load_s, acoustic.warmup_s, acoustic.usable) == (0.5, None, False)
     assert (llm.pid, llm.provider_counts, llm.usable) == (None, {}, True)
+    assert (llm.route, llm.generation, llm.reservation_id, llm.reservation) == ("", 0, None, {})
 
 
 # --- devices and pipelines ------------------------------------------------------------------
@@ -328,7 +349,9 @@ def test_a_load_becomes_the_view_of_its_stages() -> None:
     progress.update(StageStarting(stage="assistant", route="local-vllm", at=10.5))
     progress.update(StageStarting(stage="voice", route="cpu", at=10.5))
     progress.update(StageWorkerUp(stage="assistant", pid=7, at=11.0))
-    progress.update(StageReady(stage="voice", record={}, elapsed_s=0.4, at=10.9))
+    progress.update(
+        StageReady(stage="voice", record=StageRecord("voice", "graph"), elapsed_s=0.4, at=10.9)
+    )
     assert progress.snapshot is not None
     view = load_view(progress.snapshot)
     assert view.loading
@@ -337,8 +360,14 @@ def test_a_load_becomes_the_view_of_its_stages() -> None:
         "voice (graph worker): ready 0.4 s",
     ]
     assert view.summary(24.5) == "loading… 14 s: waiting for assistant (vLLM worker)"
-    progress.update(StageReady(stage="assistant", record={}, elapsed_s=20.0, at=30.5))
-    progress.update(PipelineReady(pipeline="chat-speak", execution_plan={}, at=30.6))
+    progress.update(
+        StageReady(
+            stage="assistant", record=StageRecord("assistant", "vllm"), elapsed_s=20.0, at=30.5
+        )
+    )
+    progress.update(
+        PipelineReady(pipeline="chat-speak", execution_plan=ExecutionPlan("chat-speak"), at=30.6)
+    )
     assert progress.snapshot is not None
     done = load_view(progress.snapshot)
     assert not done.loading

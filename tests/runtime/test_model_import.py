@@ -86,7 +86,7 @@ def test_an_onnx_file_becomes_a_pipeline_that_runs_in_a_worker(tmp_path: Path) -
         outputs = omni.run()
         x = np.full((1, 4), 0.5, dtype=np.float32)
         again = omni.run({"x": x, "n": np.array([41], dtype=np.int64)})
-        assert omni.execution_plan["stages"][0]["placement"]["fraction_on_target"] == 1.0
+        assert omni.execution_plan.stages[0].placement.fraction_on_target == 1.0
     assert outputs["y"].shape == (1, 4)
     assert outputs["m"].tolist() == [1]
     np.testing.assert_array_equal(again["y"], 2 * x)

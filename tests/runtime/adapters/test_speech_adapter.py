@@ -29,6 +29,7 @@ from runtime.backends.threads import plan_threads
 from runtime.devices import DeviceSelection, discover_topology
 from runtime.errors import RequestCancelled, UsageError
 from tests.helpers.audio_metrics import log_mel_correlation
+from tests.helpers.engine import engine_of
 from tests.helpers.onnx_graphs import make_bundle
 from tests.helpers.voice import assert_speech, speak_config
 from tests.runtime.audio.conftest import alsa_null
@@ -152,7 +153,7 @@ def test_chunks_stream_join_into_a_whole_decode_and_sound_like_piper(
 ) -> None:
     config = speak_config(exported, scales="deterministic")
     with Omni(config, **_engine(machine)) as omni:
-        adapter = omni.orchestrator.program
+        adapter = engine_of(omni).program
         assert isinstance(adapter, SpeechAdapter)
         plan = adapter.prepare(TEXT)
         started = time.perf_counter()
@@ -258,14 +259,14 @@ def test_cancel_mid_utterance_of_a_long_text_stops_and_leaves_nothing(
 ) -> None:
     shm_before = shm_entries()
     with Omni(speak_config(exported), **_engine(machine)) as omni:
-        pids = [stage["worker"]["pid"] for stage in omni.execution_plan["stages"]]
+        pids = list(omni.execution_plan.worker_pids)
         started = time.perf_counter()
         outputs = omni.generate(LONG_TEXT, request_id="long-text")
         first = next(outputs)
         first_audio_s = time.perf_counter() - started
         assert first.outputs["pcm"].size == DEFAULT_SCHEDULE[0] * 256
         assert next(outputs).outputs["chunk_index"] == 1
-        decoder = omni.orchestrator.clients[1]
+        decoder = engine_of(omni).clients[1]
         wait_until(lambda: decoder.slot is not None, "a decoder call in flight")
         began = time.perf_counter()
         assert omni.cancel("long-text")
@@ -476,7 +477,7 @@ def test_streamed_joins_reach_the_validation_record_for_every_window_size(
     )
     text = "Every window size joins cleanly, even in a sentence long enough for large chunks."
     with Omni(config, **_engine(machine)) as omni:
-        adapter = omni.orchestrator.program
+        adapter = engine_of(omni).program
         assert isinstance(adapter, SpeechAdapter)
         assert adapter.sized_windows is (windows == "sized")
         outputs = _drain(omni.generate(text))
@@ -586,7 +587,7 @@ def test_a_short_text_is_one_decoder_call_and_a_long_one_starts_short(
     exported: Exported, machine: Topology
 ) -> None:
     with Omni(speak_config(exported), **_engine(machine)) as omni:
-        adapter = omni.orchestrator.program
+        adapter = engine_of(omni).program
         assert isinstance(adapter, SpeechAdapter)
         assert adapter.adaptive_chunks
         short = _drain(omni.generate("Hello from the edge."))

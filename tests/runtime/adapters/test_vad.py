@@ -463,7 +463,7 @@ def _run(omni: Omni, request: Any) -> tuple[list[VadEvent], dict[str, Any]]:
 def test_the_stage_runs_in_a_worker_equal_to_the_packages_wrapper(
     omni: Omni, session: ort.InferenceSession, sentences: list[np.ndarray]
 ) -> None:
-    stage = omni.execution_plan["stages"][0]
+    stage = omni.execution_plan.to_json()["stages"][0]
     pid = stage["worker"]["pid"]
     assert pid != os.getpid()
     assert psutil.Process(pid).cmdline()[-2:] == ["-m", "workers.ort_worker"]
@@ -537,7 +537,7 @@ def test_bad_requests_are_refused(data_dir: Path, request_input: Any, message: s
 
 def test_closing_ends_the_worker(data_dir: Path) -> None:
     pipeline = Omni(PIPELINE)
-    pid = pipeline.execution_plan["stages"][0]["worker"]["pid"]
+    pid = pipeline.execution_plan.worker_pids[0]
     clip = np.zeros(RATE, np.float32)
     events, metrics = _run(pipeline, {"audio": clip})
     assert events == []

@@ -43,6 +43,7 @@ from runtime.devices import discover_topology
 from runtime.devices.selection import DeviceSelection
 from runtime.errors import ModelError, RequestCancelled
 from runtime.pipeline_input import AUDIO_INPUT, input_kind
+from tests.helpers.engine import engine_of
 from tests.runtime.engine.support import process_gone, shm_entries, wait_until
 
 if TYPE_CHECKING:
@@ -480,12 +481,12 @@ def test_cancel_mid_window_stops_and_leaves_nothing(
 ) -> None:
     shm_before = shm_entries()
     with Omni(config, **_engine()) as omni:
-        pids = [stage["worker"]["pid"] for stage in omni.execution_plan["stages"]]
+        pids = list(omni.execution_plan.worker_pids)
         outputs = omni.generate({"audio": long_clip, "sample_rate": 16000}, request_id="long")
         first = next(outputs)
         assert not first.finished
         assert first.text
-        decoder = omni.orchestrator.clients[1]
+        decoder = engine_of(omni).clients[1]
         wait_until(
             lambda: getattr(decoder, "slot", None) is not None,
             "a decoder call of the second window",

@@ -80,7 +80,7 @@ def _speech(omni: Omni) -> dict[str, Any]:
 def speech() -> dict[str, Any]:
     config = load_pipeline(SPEAK_PIPELINE)
     with Omni(config, topology=discover_topology(), selection=DeviceSelection()) as omni:
-        workers = [stage["worker"]["pid"] for stage in omni.execution_plan["stages"]]
+        workers = list(omni.execution_plan.worker_pids)
         result = _speech(omni)
     result["workers_alive"] = [pid for pid in workers if psutil.pid_exists(pid)]
     return result

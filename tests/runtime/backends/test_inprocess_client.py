@@ -74,7 +74,11 @@ def test_a_closed_client_refuses_calls_and_releases_its_reservation(tmp_path: Pa
     client, ledger = _client(manifest)
 
     async def scenario() -> None:
-        record = (await client.start()).to_json()
+        started = await client.start()
+        assert started.worker is not None
+        assert started.worker.in_process
+        assert started.worker_rss_bytes is None  # the controller's memory is not the stage's
+        record = started.to_json()
         assert record["worker"]["in_process"] is True
         assert record["reservation"]["amounts"] == {"machine:ram": 64 * MiB}
         inputs = client.example_inputs()

@@ -489,7 +489,11 @@ def test_a_good_stream_becomes_deltas_and_the_slot_is_freed(server: Server) -> N
         assert all(d.key == key for d in deltas)
         assert client.in_flight == ()
         assert client.usable
-        record = client.record().to_json()
+        typed = client.record()
+        # What the studio reads: no worker, reservation or placement here, and usable.
+        assert (typed.worker, typed.reservation, typed.placement) == (None, None, None)
+        assert (typed.route_name, typed.load_s, typed.usable) == ("", None, True)
+        record = typed.to_json()
         assert record["backend"] == BACKEND_NAME
         assert record["offered_models"] == ["tiny"]
         assert record["max_model_len"] == 2048

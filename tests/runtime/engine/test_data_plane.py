@@ -59,7 +59,7 @@ def _minor_faults(pid: int | None = None) -> int:
 
 
 def _worker_pids(omni: Omni) -> list[int]:
-    return [int(stage["worker"]["pid"]) for stage in omni.execution_plan["stages"]]
+    return list(omni.execution_plan.worker_pids)
 
 
 def test_a_two_stage_chain_copies_the_tensor_twice_and_reads_the_result_in_place(
@@ -106,7 +106,7 @@ def test_run_keeps_a_copy_that_outlives_the_next_request(omni: Omni) -> None:
 
 
 def test_the_arenas_are_in_the_execution_plan(omni: Omni) -> None:
-    for stage in omni.execution_plan["stages"]:
+    for stage in omni.execution_plan.to_json()["stages"]:
         arenas = stage["arenas"]
         # Room for the retained result plus the next call, mapped once at load.
         assert arenas["inputs_bytes"] >= 2 * NBYTES

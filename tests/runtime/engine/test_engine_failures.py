@@ -34,6 +34,7 @@ from runtime.errors import (
 from runtime.events import Event, EventBus, StageStarting
 from runtime.ledger import ResourceLedger
 from runtime.transport.channel import ProtocolError
+from tests.helpers.engine import engine_of
 from tests.runtime.engine.support import (
     CPU,
     ENDLESS_STEPS,
@@ -107,12 +108,12 @@ def test_garbage_after_ready_fails_the_call_and_retires_the_worker(
     )
     ledger = ResourceLedger(name=f"garbage-{mode}")
     with Omni(pipeline, ledger=ledger, **options) as omni:
-        (client,) = omni.orchestrator.clients
+        (client,) = engine_of(omni).clients
         pid = client.pid
         assert pid is not None
         # The worker loaded the bundle with the real worker code, so the stage started normally.
-        assert omni.execution_plan["stages"][0]["placement"]["fraction_on_target"] == 1.0
-        request = omni.orchestrator.submit()
+        assert omni.execution_plan.stages[0].placement.fraction_on_target == 1.0
+        request = engine_of(omni).submit()
         error = request.stream.next_future().result(15)
         assert isinstance(error, ProtocolError), error
         assert error.code == code
@@ -140,7 +141,7 @@ def test_inputs_outside_the_bucket_fail_as_model_errors_and_the_worker_serves_on
         ({**good, "a": np.zeros((1, 1024), np.complex64)}, "complex64 cannot cross"),
     ]
     with Omni(demo_root / "pipelines" / "add.yaml", **options) as omni:
-        (client,) = omni.orchestrator.clients
+        (client,) = engine_of(omni).clients
         pid = client.pid
         for inputs, match in cases:
             with pytest.raises(ModelError, match=match) as caught:
@@ -253,9 +254,9 @@ def test_the_placement_gate_admits_a_split_above_the_minimum(
         ),
     )
     with Omni(pipeline, **options) as omni:
-        placement = omni.execution_plan["stages"][0]["placement"]
-        assert placement["counts"] == {CPU: placement["total_nodes"] - 1, AZURE: 1}
-        assert placement["fraction_on_target"] >= 0.5
+        placement = omni.execution_plan.stages[0].placement
+        assert placement.counts == {CPU: placement.total_nodes - 1, AZURE: 1}
+        assert placement.fraction_on_target >= 0.5
         assert omni.run()["h"].shape == (1, 512)
 
 
@@ -305,10 +306,10 @@ def test_a_worker_killed_mid_call_is_reported_and_cleaned_up(
         x = archive["x"]
     ledger = ResourceLedger(name="killed")
     with Omni(pipeline, ledger=ledger, **options) as omni:
-        (client,) = omni.orchestrator.clients
+        (client,) = engine_of(omni).clients
         pid = client.pid
         assert pid is not None
-        request = omni.orchestrator.submit({"x": x, "n": np.array(ENDLESS_STEPS, np.int64)})
+        request = engine_of(omni).submit({"x": x, "n": np.array(ENDLESS_STEPS, np.int64)})
         pending = request.stream.next_future()
         wait_busy(pid)
 

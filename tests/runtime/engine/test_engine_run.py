@@ -25,6 +25,7 @@ from runtime.events import (
     StageWorkerUp,
 )
 from runtime.ledger import ResourceLedger
+from tests.helpers.engine import engine_of
 from tests.runtime.engine.support import (
     CPU,
     child_pids,
@@ -61,8 +62,9 @@ def test_add_starts_reports_its_plan_and_returns_the_exact_sum(
             StageReady,
             PipelineReady,
         ]
-        (client,) = omni.orchestrator.clients
-        plan = omni.execution_plan
+        (client,) = engine_of(omni).clients
+        typed = omni.execution_plan
+        plan = typed.to_json()
         (stage,) = plan["stages"]
         assert plan["pipeline"] == "demo_add"
         assert plan["label"] == "B"
@@ -83,6 +85,18 @@ def test_add_starts_reports_its_plan_and_returns_the_exact_sum(
         (reservation,) = ledger.snapshot().reservations
         assert reservation.id == stage["reservation"]["id"]
         assert reservation.amounts == {"machine:ram": 128 << 20}
+        # The typed record the studio reads says what its JSON says.
+        record = typed.stage("stage-0")
+        assert record.worker is not None
+        assert record.worker.pid == pid
+        assert record.reservation is not None
+        assert record.reservation.id == reservation.id
+        assert record.placement is not None
+        assert record.placement.counts == placement["counts"]
+        assert (record.route_name, record.ep) == (stage["route"]["name"], stage["route"]["ep"])
+        assert (record.load_s, record.warmup_s) == (stage["load_s"], stage["warmup_s"])
+        assert record.worker_rss_bytes == stage["worker_rss_bytes"] > 0
+        assert typed.worker_pids == (pid,)
 
         example = _inputs(bundle)
         result = omni.run()
@@ -110,7 +124,7 @@ def test_mlp_chain_equals_both_graphs_run_in_process(
     (expected,) = stage1.run(["y"], dict(mlp_handoff({"h": h})["tensors"]))
 
     with Omni(demo_root / "pipelines" / "mlp-chain.yaml", **options) as omni:
-        first, second = omni.orchestrator.clients
+        first, second = engine_of(omni).clients
         assert first.pid != second.pid
         result = omni.run()
         metrics = omni.metrics()
@@ -130,7 +144,7 @@ def test_sync_generate_yields_the_final_output_and_frees_the_slot_after_it(
 ) -> None:
     example = _inputs(demo_root / "bundles" / "add")
     with Omni(demo_root / "pipelines" / "add.yaml", **options) as omni:
-        (client,) = omni.orchestrator.clients
+        (client,) = engine_of(omni).clients
         outputs = []
         for output in omni.generate(request_id="req-sync"):
             # Delivered but not yet acknowledged: the stage still holds the request.
@@ -157,7 +171,7 @@ def test_async_api_runs_and_generates(demo_root: Path, options: dict[str, Any]) 
         async with AsyncOmni(
             demo_root / "pipelines" / "add.yaml", ledger=ledger, **options
         ) as omni:
-            (client,) = omni.orchestrator.clients
+            (client,) = engine_of(omni).clients
             result = await omni.run()
             outputs = [output async for output in omni.generate(request_id="req-async")]
             # The final output's acknowledgement frees the slot once the loop has it.
@@ -190,12 +204,12 @@ def test_context_manager_closes_everything_even_when_the_block_raises(
 ) -> None:
     ledger = ResourceLedger(name="chain")
     omni = Omni(demo_root / "pipelines" / "mlp-chain.yaml", ledger=ledger, **options)
-    pids = [client.pid for client in omni.orchestrator.clients]
+    pids = [client.pid for client in engine_of(omni).clients]
     assert len(ledger.snapshot().reservations) == 2
     assert set(pids) <= child_pids()
     with pytest.raises(RuntimeError, match="leaving the block"):
         _run_then_fail(omni)
-    assert not omni.orchestrator.running
+    assert not engine_of(omni).running
     assert all(pid is not None and process_gone(pid) for pid in pids)
     assert not child_pids()
     assert ledger.snapshot().is_empty

@@ -94,10 +94,11 @@ def test_the_ready_event_carries_the_applied_device(
     recorded: list[Event] = []
     events.subscribe(recorded.append)
     with Omni(pipeline, ledger=ResourceLedger(name="ready"), events=events, **options) as omni:
-        plan = omni.execution_plan
+        plan = omni.execution_plan.to_json()
     (ready,) = [event for event in recorded if isinstance(event, StageReady)]
-    assert ready.record["device"]["applied"]["method"] == "ep_device"
-    assert _stage_entry(plan)["device"]["applied"] == ready.record["device"]["applied"]
+    record = ready.record.to_json()
+    assert record["device"]["applied"]["method"] == "ep_device"
+    assert _stage_entry(plan)["device"]["applied"] == record["device"]["applied"]
 
 
 def test_a_device_the_worker_cannot_find_is_refused_naming_what_it_found(

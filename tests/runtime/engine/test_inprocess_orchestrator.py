@@ -21,6 +21,7 @@ from runtime.engine.outputs import END, OmniRequestOutput
 from runtime.errors import RequestCancelled, ResourceUnavailable, StageRetired
 from runtime.events import EventBus, RequestAdmitted, RequestFinished
 from runtime.ledger import ResourceLedger
+from tests.helpers.engine import engine_of
 from tests.helpers.onnx_graphs import make_bundle
 from tests.runtime.engine.inprocess_support import BURST_PROGRAM, write_inprocess_pipeline
 from tests.runtime.engine.support import ENDLESS_STEPS, call_stage, child_pids, on_loop, wait_until
@@ -49,7 +50,7 @@ def _ends(request: Request, timeout_s: float = 10.0) -> None:
 
 
 def _graph_client(omni: Omni, index: int = 0) -> InProcessGraphClient:
-    client = omni.orchestrator.clients[index]
+    client = engine_of(omni).clients[index]
     assert isinstance(client, InProcessGraphClient)
     return client
 
@@ -65,9 +66,9 @@ def test_a_chain_runs_in_this_process_with_the_graph_contract(
     pipeline = write_inprocess_pipeline(tmp_path / "chain.yaml", [add_manifest, add_manifest])
     children = child_pids()
     with Omni(pipeline, **options) as omni:
-        for client in omni.orchestrator.clients:
+        for client in engine_of(omni).clients:
             assert client.usable
-        plan = omni.execution_plan
+        plan = omni.execution_plan.to_json()
         assert [stage["worker"]["pid"] for stage in plan["stages"]] == [os.getpid()] * 2
         assert all(stage["worker"]["in_process"] for stage in plan["stages"])
         assert plan["stages"][0]["inputs"] == [
@@ -91,7 +92,7 @@ def test_a_call_outside_the_bucket_is_a_model_error_that_keeps_the_stage(
     pipeline = write_inprocess_pipeline(tmp_path / "one.yaml", [add_manifest])
     with Omni(pipeline, **options) as omni:
         bad = {"a": np.zeros(8, np.float32), "b": np.zeros(8, np.float32)}
-        request = omni.orchestrator.submit(bad)
+        request = engine_of(omni).submit(bad)
         error = _next(request)
         assert isinstance(error, BaseException)
         assert "bad_input" in str(error)
@@ -105,17 +106,17 @@ def test_a_second_request_is_refused_while_the_first_holds_the_pipeline(
 ) -> None:
     pipeline = write_inprocess_pipeline(tmp_path / "one.yaml", [add_manifest])
     with Omni(pipeline, **options) as omni:
-        first = omni.orchestrator.submit(None)
+        first = engine_of(omni).submit(None)
         output = _next(first)
         assert isinstance(output, OmniRequestOutput)
         # The final output is delivered, not acknowledged: the slot and the pipeline are held.
         assert _graph_client(omni).slot == first.key
         with pytest.raises(ResourceUnavailable, match="one request at a time"):
-            omni.orchestrator.submit(None)
+            engine_of(omni).submit(None)
         output.release_stage_buffers()
         _ends(first)
         wait_until(lambda: _graph_client(omni).slot is None, "the slot to be free")
-        second = omni.orchestrator.submit(None)
+        second = engine_of(omni).submit(None)
         assert isinstance(_next(second), OmniRequestOutput)
 
 
@@ -129,12 +130,12 @@ def test_with_max_queued_a_request_waits_and_one_beyond_is_refused(
         lambda event: admitted.append(event) if isinstance(event, RequestAdmitted) else None
     )
     with Omni(pipeline, events=events, **options) as omni:
-        first = omni.orchestrator.submit(None)
+        first = engine_of(omni).submit(None)
         held = _next(first)
         assert isinstance(held, OmniRequestOutput)
-        second = omni.orchestrator.submit(None)
+        second = engine_of(omni).submit(None)
         with pytest.raises(ResourceUnavailable, match="the queue holds at most 1"):
-            omni.orchestrator.submit(None)
+            engine_of(omni).submit(None)
         assert [(e.request_id, e.queued) for e in admitted] == [  # type: ignore[attr-defined]
             (first.request_id, False),
             (second.request_id, True),
@@ -159,10 +160,10 @@ def test_cancelling_before_the_first_output_runs_no_call_and_keeps_the_stage(
         lambda event: finished.append(event) if isinstance(event, RequestFinished) else None
     )
     with Omni(pipeline, events=events, **options) as omni:
-        first = omni.orchestrator.submit(None)
+        first = engine_of(omni).submit(None)
         held = _next(first)
         assert isinstance(held, OmniRequestOutput)
-        queued = omni.orchestrator.submit(None)
+        queued = engine_of(omni).submit(None)
         assert omni.cancel(queued.request_id)
         cancelled = _next(queued)
         assert isinstance(cancelled, RequestCancelled)
@@ -184,7 +185,7 @@ def test_cancelling_mid_call_stops_it_and_retires_the_stage(
     ledger = ResourceLedger(name="inprocess-loop")
     with Omni(pipeline, ledger=ledger, **options) as omni:
         client = _graph_client(omni)
-        request = omni.orchestrator.submit(_loop_inputs(loop_manifest, ENDLESS_STEPS))
+        request = engine_of(omni).submit(_loop_inputs(loop_manifest, ENDLESS_STEPS))
         wait_until(lambda: client.slot is not None, "the endless call to start")
         pending = request.stream.next_future()
         time.sleep(0.05)
@@ -197,9 +198,9 @@ def test_cancelling_mid_call_stops_it_and_retires_the_stage(
         assert cancel_s < client.timeouts.cancel_retire_s
         assert ledger.snapshot().is_empty
         assert not client.usable
-        assert omni.execution_plan["stages"][0]["usable"] is True  # the plan taken at start
-        assert client.record().to_json()["usable"] is False
-        later = omni.orchestrator.submit(_loop_inputs(loop_manifest, 1))
+        assert omni.execution_plan.stages[0].usable is True  # the plan taken at start
+        assert client.record().usable is False
+        later = engine_of(omni).submit(_loop_inputs(loop_manifest, 1))
         error = _next(later)
         assert isinstance(error, StageRetired)
         assert "recreate the pipeline" in str(error)
@@ -214,19 +215,19 @@ def test_a_stale_acknowledgement_is_ignored(
         older = RequestKey("direct")
         current = older.fenced()
         inputs = _loop_inputs(loop_manifest, 2)
-        result = call_stage(omni.orchestrator, client, current, inputs)
+        result = call_stage(engine_of(omni), client, current, inputs)
         np.testing.assert_allclose(
             result.outputs["y"], loop_reference(inputs["x"], 2), rtol=1e-4, atol=1e-5
         )
         assert not result.outputs["y"].flags.writeable
         # An acknowledgement of an older epoch, or of another request, frees nothing.
-        assert on_loop(omni.orchestrator, lambda: client.acknowledge(older)) is False
-        assert on_loop(omni.orchestrator, lambda: client.acknowledge(RequestKey("x"))) is False
+        assert on_loop(engine_of(omni), lambda: client.acknowledge(older)) is False
+        assert on_loop(engine_of(omni), lambda: client.acknowledge(RequestKey("x"))) is False
         assert client.slot == current
         with pytest.raises(ResourceUnavailable, match="busy with direct"):
-            call_stage(omni.orchestrator, client, RequestKey("other"), inputs)
-        assert on_loop(omni.orchestrator, lambda: client.acknowledge(current)) is True
-        assert on_loop(omni.orchestrator, lambda: client.acknowledge(current)) is False
+            call_stage(engine_of(omni), client, RequestKey("other"), inputs)
+        assert on_loop(engine_of(omni), lambda: client.acknowledge(current)) is True
+        assert on_loop(engine_of(omni), lambda: client.acknowledge(current)) is False
         assert client.slot is None
 
 

@@ -26,6 +26,7 @@ from runtime.events import (
     StageWorkerUp,
 )
 from runtime.ledger import ResourceLedger
+from runtime.records import StageRecord
 from tests.runtime.engine.support import process_gone, wait_until
 
 
@@ -141,7 +142,9 @@ def test_load_progress_lines_name_the_phase_and_the_seconds() -> None:
     assert progress.update(StageStarting(stage="voice", route="r", at=101.0))
     assert not progress.update(StageStarting(stage="unknown", route="r", at=101.0))
     assert progress.update(StageWorkerUp(stage="voice", pid=1, at=101.2))
-    assert progress.update(StageReady(stage="voice", record={}, elapsed_s=0.42, at=101.42))
+    assert progress.update(
+        StageReady(stage="voice", record=StageRecord("voice", "graph"), elapsed_s=0.42, at=101.42)
+    )
     snapshot = progress.snapshot
     assert snapshot is not None
     assert snapshot.lines(113.4) == [
@@ -161,7 +164,9 @@ def test_load_progress_lines_name_the_phase_and_the_seconds() -> None:
     assert progress.snapshot.lines(200.0)[0] == "assistant · smollm2 (vLLM worker): failed 3.0 s"
     assert progress.snapshot.summary(200.0) == "loading stopped after 4.5 s: boom"
     # Once ended, later events of that load change nothing.
-    assert not progress.update(StageReady(stage="voice", record={}, elapsed_s=1.0))
+    assert not progress.update(
+        StageReady(stage="voice", record=StageRecord("voice", "graph"), elapsed_s=1.0)
+    )
 
 
 def test_loading_stages_name_what_serves_each_stage(demo_root: Path) -> None:
