@@ -1,10 +1,11 @@
 """``external.graph.v1``: one complete, stateless graph call per request, in a worker process.
 
 The client owns its worker process, its framed channel and its stage reservation. It
-keeps the seed's flow rules: one in-flight call and one retained result per client;
-delivery does not free the slot, acknowledgement does; cancelling fences the request
-at once, and cancelling an *active* call retires the worker (the stage then stays
-unusable until the pipeline is recreated).
+keeps the flow rules of its :class:`~runtime.backends.graph_slot.GraphSlot`, shared with the
+in-process client: one in-flight call and one retained result per client; delivery does not
+free the slot, acknowledgement does; cancelling fences the request at once, and cancelling
+an *active* call retires the worker (the stage then stays unusable until the pipeline is
+recreated).
 """
 
 from __future__ import annotations
@@ -458,12 +459,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
                 )
                 return
             del self._pending[message.call_id]
-            future = entry[1]
-            if future.done():
-                self._send_acks(acks)
-                return
-            self._result_acks = acks
-            future.set_result((message, arrays))
+            self._deliver(entry[1], message, arrays, acks)
             return
         if isinstance(message, ErrorMessage):
             self._on_error(message)
@@ -649,13 +645,23 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         except (ValueError, ExecutionError):
             return False
         self._pending.pop(message.call_id, None)
-        future = entry[1]
+        self._deliver(entry[1], message, arrays, acks)
+        return True
+
+    def _deliver(
+        self,
+        future: asyncio.Future[Any] | cf.Future[Any],
+        message: ResultMessage,
+        arrays: dict[str, np.ndarray],
+        acks: list[tuple[str, int]],
+    ) -> None:
+        """A call's result, on the loop or on the thread the pipe is lent to: its buffers stay
+        the slot's until it is freed, or go back at once when nobody waits for it any more."""
         if future.done():
             self._send_acks(acks)
-            return True
+            return
         self._result_acks = acks
         future.set_result((message, arrays))
-        return True
 
     def _send_call(
         self,

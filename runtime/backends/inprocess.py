@@ -8,7 +8,8 @@ memory and no process start.
 It keeps the graph client's contract (:class:`~runtime.backends.base.GraphClient`): the
 bundle is verified here and again on the bytes the session loads, calls are checked
 against the fixed buckets and ``max_io_bytes``, one call and one retained result occupy the
-slot until acknowledged, and cancelling fences the request at once. Cancelling an active
+slot until acknowledged (the same :class:`~runtime.backends.graph_slot.GraphSlot` as a
+worker's client), and cancelling fences the request at once. Cancelling an active
 call asks ONNX Runtime to stop between nodes (``RunOptions.terminate``) and retires the
 stage, which then raises :class:`~runtime.errors.StageRetired` until the pipeline is
 recreated; its reservation is released once the call has stopped, or quarantined while it
