@@ -46,7 +46,6 @@ from app.models import (
 from runtime.artifacts import inspect_bundle, load_example_inputs
 from runtime.config import GraphBackendConfig, LlmBackendConfig, load_pipeline
 from runtime.devices import DISCOVERED, DeviceSelection
-from runtime.engine.outputs import AUDIO_KEYS, AudioChunk, OmniRequestOutput
 from runtime.errors import (
     AdmissionRefused,
     ConfigError,
@@ -75,6 +74,7 @@ from runtime.events import (
     WorkerRetired,
 )
 from runtime.ledger import format_bytes
+from runtime.outputs import AUDIO_KEYS, AudioChunk, OmniRequestOutput
 from runtime.pipeline_files import is_manifest_path, pipeline_for_bundle
 from runtime.pipeline_input import AUDIO_INPUT, TENSOR_INPUT, example_text, input_kind
 from runtime.planning import plan_pipeline
@@ -369,7 +369,7 @@ def output_items(
 ) -> list[ReceivedAudio | TextChunk | TensorResults | TranscriptSegment]:
     """Turn one request output into studio values (copies; the output may be released after).
 
-    Its non-empty audio (:meth:`AudioChunk.from_output <runtime.engine.outputs.AudioChunk.from_output>`,
+    Its non-empty audio (:meth:`AudioChunk.from_output <runtime.outputs.AudioChunk.from_output>`,
     which raises :class:`~runtime.errors.ModelError` for malformed audio) becomes
     :class:`ReceivedAudio`; ``text`` a :class:`TextChunk`; any other arrays of an output that
     carries neither become :class:`TensorResults`.

@@ -30,7 +30,6 @@ from app.presenters import (
 )
 from runtime.backends.placement import PlacementReport
 from runtime.devices import DeviceSelection, discover_topology, load_topology
-from runtime.engine.outputs import OmniRequestOutput
 from runtime.engine.stage_runtime import StageStartError
 from runtime.errors import (
     AdmissionRefused,
@@ -55,6 +54,7 @@ from runtime.events import (
     StageWorkerUp,
     WorkerRetired,
 )
+from runtime.outputs import OmniRequestOutput
 from runtime.records import ExecutionPlan, ReservationRecord, StageRecord, WorkerRecord
 
 
