@@ -132,7 +132,7 @@ def compare(
     rounds = options.count(10, 3)
     batch = options.count(100, 40)
     with Omni.from_yaml(pipeline, selection=DeviceSelection()) as omni:
-        threads = omni.execution_plan["stages"][0]["threads"]
+        threads = omni.execution_plan.to_json()["stages"][0]["threads"]
         session = in_process_session(
             bundle,
             intra_op_threads=int(threads["intra_op_threads"]),

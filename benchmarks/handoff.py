@@ -158,7 +158,7 @@ def _chain_figure(options: BenchOptions, spec: FigureSpec, elements: int) -> Fig
     ]
     pipeline = graphs.write_pipeline(folder / "chain.yaml", f"bench_chain_{elements}", stages)
     with Omni.from_yaml(pipeline, selection=DeviceSelection()) as omni:
-        threads = omni.execution_plan["stages"][0]["threads"]
+        threads = omni.execution_plan.to_json()["stages"][0]["threads"]
         sessions = [
             in_process_session(
                 stage.bundle,

@@ -18,11 +18,14 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from benchmarks.rss import peak_rss_bytes
+
+if TYPE_CHECKING:
+    from runtime.records import ExecutionPlan
 
 #: What each model adapter gets as its benchmark request.
 ADAPTER_REQUESTS: dict[str, Any] = {
@@ -36,11 +39,11 @@ def _emit(document: dict[str, Any]) -> None:
     print(json.dumps(document), flush=True)
 
 
-def _worker_peaks(plan: dict[str, Any]) -> list[dict[str, Any]]:
+def _worker_peaks(plan: ExecutionPlan) -> list[dict[str, Any]]:
     peaks = []
-    for stage in plan.get("stages", []):
-        pid = (stage.get("worker") or {}).get("pid")
-        if not isinstance(pid, int):
+    for stage in plan.stages:
+        pid = None if stage.worker is None else stage.worker.pid
+        if pid is None:
             continue
         try:
             descendants = psutil.Process(pid).children(recursive=True)
@@ -48,7 +51,7 @@ def _worker_peaks(plan: dict[str, Any]) -> list[dict[str, Any]]:
             descendants = []
         peaks.append(
             {
-                "stage": stage.get("stage"),
+                "stage": stage.stage,
                 "pid": pid,
                 "peak_rss_bytes": peak_rss_bytes(pid),
                 "descendants_peak_rss_bytes": [peak_rss_bytes(child.pid) for child in descendants],

@@ -137,7 +137,7 @@ def transcribe(omni: Omni, audio: np.ndarray) -> str:
 def _decoder_threads(omni: Omni) -> int:
     """The ONNX Runtime intra-op threads the pipeline's plan gave its stages (the most)."""
     counts = []
-    for stage in omni.execution_plan["stages"]:
+    for stage in omni.execution_plan.to_json()["stages"]:
         threads = stage.get("threads") or {}
         applied = threads.get("applied_intra_op_threads") or threads.get("intra_op_threads")
         if isinstance(applied, int) and applied > 0:
@@ -259,7 +259,7 @@ def memory_child(path: str) -> None:
     audio = np.load(path)
     with Omni(load_pipeline(TRANSCRIBE), **_engine()) as omni:
         text = transcribe(omni, audio)
-        pids = [int(stage["worker"]["pid"]) for stage in omni.execution_plan["stages"]]
+        pids = list(omni.execution_plan.worker_pids)
         workers = [peak_rss_bytes(pid) or 0 for pid in pids]
     print(json.dumps({"controller": peak_rss_bytes(), "workers": workers, "chars": len(text)}))
 

@@ -48,8 +48,9 @@ def measure(options: BenchOptions) -> list[Figure]:
         started = time.perf_counter()
         with Omni(config, selection=DeviceSelection()) as omni:
             starts.append(time.perf_counter() - started)
-            for stage in omni.execution_plan["stages"]:
-                loads.append(float(stage["load_s"]) + float(stage["warmup_s"]))
+            for stage in omni.execution_plan.stages:
+                # A graph stage reports both once it is loaded.
+                loads.append(float(stage.load_s or 0.0) + float(stage.warmup_s or 0.0))
         baseline = event(
             run_child("benchmarks.one_process", manifests, timeout_s=CHILD_TIMEOUT_S), "ready"
         )
