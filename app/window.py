@@ -163,9 +163,9 @@ class MainWindow(QMainWindow):
         self.demos = demo_pipelines(demos_folder)
         self.pipelines.set_demos(self.demos)
         self.pipelines.set_recent(self.settings.recent)
-        self.my_pipelines = MyPipelinesHook(self, self.add_model_action)
-        self.first_use = FirstUseHook(self)
-        self.transcribe = TranscribeHook(self)
+        self.my_pipelines = MyPipelinesHook(self, self.add_model_action, parent=self)
+        self.first_use = FirstUseHook(self, parent=self)
+        self.transcribe = TranscribeHook(self, parent=self)
         self.chat.before_send = self.first_use.offer_before_run
         self.devices_panel.select_machine(self.settings.topology_file)
         self.output.playback.preferred_device = self.settings.audio_device

@@ -6,10 +6,10 @@ still running is cancelled first, and the window closes when it has ended."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from PySide6.QtCore import QObject
-from PySide6.QtWidgets import QMessageBox
+from PySide6.QtWidgets import QMessageBox, QWidget
 
 from app.bridge_models import ModelImports
 from app.models import ErrorInfo, RunState
@@ -22,7 +22,23 @@ if TYPE_CHECKING:
 
     from PySide6.QtGui import QAction
 
-    from app.window import MainWindow
+    from app.bridge import RuntimeBridge
+    from app.settings import StudioSettings
+    from app.widgets.banner import ErrorBanner
+    from app.widgets.pipelines import PipelinesPane
+
+
+class MyPipelinesHost(Protocol):
+    """What the hook uses of the main window (:class:`app.window.MainWindow`)."""
+
+    bridge: RuntimeBridge
+    banner: ErrorBanner
+    pipelines: PipelinesPane
+    settings: StudioSettings
+
+    def open_path(self, path: Path | str) -> bool: ...
+
+    def close(self) -> bool: ...
 
 
 class MyPipelinesHook(QObject):
@@ -30,9 +46,16 @@ class MyPipelinesHook(QObject):
     dialog; a made pipeline is listed and opened; Remove asks, then deletes its folder."""
 
     def __init__(
-        self, window: MainWindow, add_action: QAction, *, root: Path | None = None
+        self,
+        window: MyPipelinesHost,
+        add_action: QAction,
+        *,
+        parent: QWidget,
+        root: Path | None = None,
     ) -> None:
-        super().__init__(window)
+        super().__init__(parent)
+        #: The window as a widget: the parent of this hook and of its dialogs.
+        self.widget = parent
         self.window = window
         self.root = root
         self.imports = ModelImports(root=root, parent=self)
@@ -57,7 +80,7 @@ class MyPipelinesHook(QObject):
     def open_dialog(self) -> AddModelDialog:
         """Show the Add model dialog (the one already open, if any)."""
         if self.dialog is None:
-            dialog = AddModelDialog(self.imports, self.window)
+            dialog = AddModelDialog(self.imports, self.widget)
             dialog.added.connect(self._added)
             dialog.finished.connect(self._dialog_closed)
             self.dialog = dialog
@@ -99,7 +122,7 @@ class MyPipelinesHook(QObject):
             return False
         if confirm:
             answer = QMessageBox.question(
-                self.window,
+                self.widget,
                 "Remove pipeline",
                 f"Remove {name} from My pipelines?\n\nIts folder {entry.path.parent} is "
                 "deleted (a model folder it only referenced stays).",

@@ -7,7 +7,7 @@ and before closing (a job still running is cancelled first)."""
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from PySide6.QtCore import QObject, Signal
 
@@ -19,7 +19,21 @@ from app.widgets.setup_offer import SetupDialog
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from app.window import MainWindow
+    from PySide6.QtWidgets import QWidget
+
+    from app.bridge import RuntimeBridge
+
+
+class SetupHost(Protocol):
+    """What the hook uses of the main window (:class:`app.window.MainWindow`)."""
+
+    bridge: RuntimeBridge
+
+    def open_path(self, path: Path | str) -> bool: ...
+
+    def run(self) -> None: ...
+
+    def close(self) -> bool: ...
 
 
 class FirstUseHook(QObject):
@@ -29,8 +43,10 @@ class FirstUseHook(QObject):
     #: An offer made before opening was closed without making anything.
     setup_declined = Signal()
 
-    def __init__(self, window: MainWindow) -> None:
-        super().__init__(window)
+    def __init__(self, window: SetupHost, *, parent: QWidget) -> None:
+        super().__init__(parent)
+        #: The window as a widget: the parent of this hook and of its dialogs.
+        self.widget = parent
         self.window = window
         self.offers = True
         self.jobs = SetupJobs(parent=self)
@@ -58,7 +74,7 @@ class FirstUseHook(QObject):
         needs = self.needs()
         if needs is None:
             return False
-        dialog = SetupDialog(self.jobs, needs, self.window)
+        dialog = SetupDialog(self.jobs, needs, self.widget)
         dialog.ready.connect(partial(self._ready, dialog))
         dialog.finished.connect(partial(self._dialog_closed, dialog))
         self.dialog = dialog
@@ -77,7 +93,7 @@ class FirstUseHook(QObject):
         needs = recogniser_needs(path)
         if needs is None:
             return False
-        dialog = SetupDialog(self.jobs, needs, self.window, action="Make them and open")
+        dialog = SetupDialog(self.jobs, needs, self.widget, action="Make them and open")
         dialog.ready.connect(partial(self._made_for_open, dialog, path))
         dialog.finished.connect(partial(self._dialog_closed, dialog))
         self.dialog = dialog

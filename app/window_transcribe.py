@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtGui import QAction
-from PySide6.QtWidgets import QFileDialog
+from PySide6.QtWidgets import QFileDialog, QWidget
 
 from app.bridge_audio_input import InputRecorder, Recording, input_device_names
 from app.bridge_transcriber import Transcriber, Transcription
@@ -31,11 +31,43 @@ from app.transcripts import AUDIO_FILTER, AudioFileError, read_audio_request
 from app.widgets.transcript import TranscriptView
 
 if TYPE_CHECKING:
+    from PySide6.QtWidgets import QMenu, QSplitter
+
+    from app.bridge import RuntimeBridge
     from app.bridge_audio_input import InputLevel
-    from app.window import MainWindow
+    from app.settings import StudioSettings
+    from app.widgets.banner import ErrorBanner
+    from app.widgets.chat import ChatView
+    from app.widgets.devices import DevicesPanel
+    from app.widgets.metrics import MetricsPanel
+    from app.widgets.output import OutputArea
+    from app.widgets.run_pane import RunPane
+    from app.window_setup import FirstUseHook
 
 #: The bundled transcription pipeline's file name.
 TRANSCRIBE_PIPELINE = "transcribe.yaml"
+
+
+class TranscribeHost(Protocol):
+    """What the hook uses of the main window (:class:`app.window.MainWindow`)."""
+
+    bridge: RuntimeBridge
+    settings: StudioSettings
+    banner: ErrorBanner
+    chat: ChatView
+    output: OutputArea
+    run_pane: RunPane
+    devices_panel: DevicesPanel
+    metrics_panel: MetricsPanel
+    center_splitter: QSplitter
+    file_menu: QMenu
+    add_model_action: QAction
+    first_use: FirstUseHook
+    demos: list[tuple[Path, str]]
+
+    def open_path(self, path: Path | str) -> bool: ...
+
+    def close(self) -> bool: ...
 
 
 class TranscribeHook(QObject):
@@ -47,14 +79,16 @@ class TranscribeHook(QObject):
     #: A file was read (on the reader's thread): its path, and its request or the error.
     _read_done = Signal(object, object)
 
-    def __init__(self, window: MainWindow) -> None:
-        super().__init__(window)
+    def __init__(self, window: TranscribeHost, *, parent: QWidget) -> None:
+        super().__init__(parent)
+        #: The window as a widget: the parent of this hook and of its dialogs.
+        self.widget = parent
         self.window = window
         self.view = TranscriptView()
         self.view.hide()
         window.center_splitter.addWidget(self.view)
         window.center_splitter.setStretchFactor(window.center_splitter.count() - 1, 1)
-        self.open_audio_action = QAction("Open &audio…", window)
+        self.open_audio_action = QAction("Open &audio…", parent)
         self.open_audio_action.setToolTip("Transcribe an audio file")
         self.open_audio_action.triggered.connect(self.choose_audio)
         window.file_menu.insertAction(window.add_model_action, self.open_audio_action)
@@ -112,7 +146,7 @@ class TranscribeHook(QObject):
     def choose_audio(self) -> None:
         folder = str(self.source.parent) if self.source is not None else str(Path.cwd())
         path, _filter = QFileDialog.getOpenFileName(
-            self.window, "Transcribe an audio file", folder, AUDIO_FILTER
+            self.widget, "Transcribe an audio file", folder, AUDIO_FILTER
         )
         if path:
             self.transcribe_file(Path(path))
