@@ -208,6 +208,22 @@ class BundleReport:
     def ok(self) -> bool:
         return self.manifest is not None and not self.errors
 
+    def verified(self) -> VerifiedBundle:
+        """The bundle as :func:`verify_bundle` gives it, from this report's checks (no file is
+        read again); raises the first error, the one :func:`verify_bundle` raises."""
+        if self.errors:
+            raise self.errors[0]
+        assert self.manifest is not None, "a report without errors always has its manifest"
+        return VerifiedBundle(
+            root=self.manifest_path.parent.resolve(),
+            manifest_path=self.manifest_path,
+            manifest=self.manifest,
+            identity=self.manifest.identity,
+            file_sizes=MappingProxyType(
+                {check.name: check.size for check in self.files if check.size is not None}
+            ),
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "manifest_path": str(self.manifest_path),

@@ -15,6 +15,7 @@ from runtime.paths import data_dir, expand_data_placeholder
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from runtime.artifacts import VerifiedBundle
     from runtime.devices import Topology
 
 #: Memory a bundle opened on its own asks for beyond twice its files (interpreter, runtime).
@@ -59,9 +60,12 @@ def bundle_pipeline_text(
     return yaml.safe_dump(document, sort_keys=False)
 
 
-def pipeline_for_bundle(manifest: Path, topology: Topology) -> Path:
-    """Write (once) the one-stage pipeline the studio runs a bare bundle with; return its path."""
-    bundle = verify_bundle(manifest)
+def pipeline_for_bundle(
+    manifest: Path, topology: Topology, verified: VerifiedBundle | None = None
+) -> Path:
+    """Write (once) the one-stage pipeline the studio runs a bare bundle with; return its path.
+    ``verified`` is the bundle at ``manifest`` when the caller has just verified it."""
+    bundle = verify_bundle(manifest) if verified is None else verified
     total = sum(bundle.file_sizes.values())
     ram = topology.constraints.get("machine:ram")
     text = bundle_pipeline_text(

@@ -14,27 +14,30 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import importlib.util
 import itertools
 import logging
-import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from runtime.artifacts import verify_bundle
+from runtime.admission import (
+    REMOTE_LLM_MODULE,
+    GraphPlacement,
+    LocalLlmPlacement,
+    Placement,
+    RemoteLlmPlacement,
+    Resolution,
+    floor_refusal,
+    resolve,
+)
 from runtime.backends.graph import GraphStageClient, GraphStageSpec, GraphTimeouts
 from runtime.backends.inprocess import INPROCESS_WORKER, InProcessGraphClient
 from runtime.backends.threads import plan_threads
 from runtime.backends.vllm_client import (
-    DEFAULT_MEMORY_CONSTRAINT,
     VllmRoute,
     VllmStageClient,
     VllmStageSpec,
     VllmTimeouts,
-    engine_floor_bytes,
-    engine_memory_constraint,
     pinning_env,
 )
 from runtime.config import (
@@ -48,23 +51,14 @@ from runtime.config import (
 from runtime.devices import (
     DeviceSelection,
     Topology,
-    check_route_device,
     discover_topology,
     free_shortfalls,
     load_selection,
     observed_free,
 )
 from runtime.engine.stages import GraphStage, LlmStage, StageHandle
-from runtime.envs.manager import envs_root
-from runtime.errors import ConfigError, ExecutionError, OmniError, UsageError
+from runtime.errors import ExecutionError, OmniError, UsageError
 from runtime.events import EventBus, StageFailed, StageReady, StageStarting
-from runtime.host import (
-    RouteError,
-    current_os_domain,
-    is_frozen,
-    resolve_interpreter,
-    worker_argv,
-)
 from runtime.ledger import format_bytes
 from runtime.models.marker import ModelBuildError
 from runtime.models.smollm2 import ensure_smollm2_model
@@ -74,16 +68,13 @@ from runtime.records import ExecutionPlan
 if TYPE_CHECKING:
     from collections.abc import Collection
 
-    from runtime.artifacts import VerifiedBundle
     from runtime.backends.base import GraphClient, LlmClient, StageClient, StageRecord
     from runtime.config import PipelineConfig, StageConfig
-    from runtime.contracts.devices import DeviceDescriptor
     from runtime.ledger import PlanReservation, ResourceLedger, StageReservation
 
 log = logging.getLogger("omni.engine.runtime")
 
-#: The module that serves a remote language-model route (RemoteEndpoint, RemoteLlmStageClient).
-REMOTE_LLM_MODULE = "runtime.backends.remote_llm"
+__all__ = ["REMOTE_LLM_MODULE", "StageRuntime", "StageStartError", "next_generation"]
 
 _generations = itertools.count(1)
 
@@ -108,35 +99,6 @@ class StageStartError(OmniError):
         self.exit_code = cause.exit_code
 
 
-@dataclass(frozen=True, slots=True)
-class _LocalLlm:
-    """A local language-model stage as resolved: the Python its route runs and the device
-    admission chose."""
-
-    python: Path
-    device_id: str
-    #: The ledger constraint its weights and KV cache live in (RAM, or the GPU's memory).
-    memory: str = DEFAULT_MEMORY_CONSTRAINT
-
-
-@dataclass(frozen=True, slots=True)
-class _RemoteLlm:
-    """A remote language-model stage as resolved: its client exists, its API key was read."""
-
-    api_key: str | None = field(default=None, repr=False)
-
-
-@dataclass(frozen=True, slots=True)
-class _Graph:
-    """A graph stage as resolved: its verified bundle and the device admission chose."""
-
-    bundle: VerifiedBundle
-    device: DeviceDescriptor
-
-
-_Resolved = _Graph | _LocalLlm | _RemoteLlm
-
-
 class StageRuntime:
     """Owns the stages of one pipeline and the plan reservation behind them."""
 
@@ -152,6 +114,7 @@ class StageRuntime:
         llm_timeouts: VllmTimeouts | None = None,
         env_dir: Path | None = None,
         concurrent: Collection[str] = (),
+        resolution: Resolution | None = None,
     ) -> None:
         self.config = config
         self.ledger = ledger
@@ -168,15 +131,12 @@ class StageRuntime:
         #: Each stage's backend client, in stage order.
         self.clients: list[StageClient] = []
         self._plan: PlanReservation | None = None
+        #: An earlier admission of this pipeline (``plan``, the studio's description): its
+        #: sound bundles are taken as verified instead of hashed again (the worker still
+        #: checks the bytes it loads against the manifest).
+        self._prior = resolution
 
     # -- resolve (no process, no reservation) ------------------------------------------
-
-    def _where(self, stage: StageConfig, key: str) -> dict[str, Any]:
-        return {
-            "file": str(self.config.source) if self.config.source is not None else None,
-            "line": stage.location.line,
-            "key": f"stages[{stage.stage_id}].{key}",
-        }
 
     def _machine(self) -> tuple[Topology, DeviceSelection]:
         """The topology and device selection admission checks against (found once)."""
@@ -186,108 +146,31 @@ class StageRuntime:
             self.selection = load_selection()
         return self.topology, self.selection
 
-    def _resolve(self) -> list[_Resolved]:
-        """Every check that needs no process: bundles, devices, routes and models."""
-        resolved: list[_Resolved] = []
-        for stage in self.config.stages:
-            backend = stage.backend
-            if isinstance(backend, LlmBackendConfig):
-                resolved.append(self._resolve_llm(stage, backend))
-                continue
-            topology, selection = self._machine()
-            route = backend.route
-            device = check_route_device(
-                topology,
-                selection,
-                ep=route.ep,
-                target_provider=route.target_provider,
-                stage=stage.name,
-                os_domain=route.os_domain,
-                route=route.name,
-            )
-            resolved.append(_Graph(verify_bundle(backend.manifest), device))
-        return resolved
-
-    def _resolve_llm(self, stage: StageConfig, backend: LlmBackendConfig) -> _Resolved:
-        route = backend.route
-        if isinstance(route, LlmRouteConfig):
-            # A local engine runs on a device of this machine: checked like a graph stage's.
-            topology, selection = self._machine()
-            device = check_route_device(
-                topology,
-                selection,
-                ep=route.ep,
-                target_provider=route.target_provider,
-                stage=stage.name,
-                os_domain=route.os_domain,
-                route=route.name,
-            )
-        if isinstance(route, RemoteLlmRoute):
-            if importlib.util.find_spec(REMOTE_LLM_MODULE) is None:
-                raise UsageError(
-                    f"{stage.name}: remote language-model routes ({route.url}) need "
-                    f"{REMOTE_LLM_MODULE}, which this installation does not have"
-                )
-            if route.api_key_env is None:
-                return _RemoteLlm()
-            api_key = os.environ.get(route.api_key_env)
-            if not api_key:
-                raise ConfigError(
-                    f"{stage.name}: the environment variable {route.api_key_env} holds no API "
-                    f"key; set it before starting the pipeline, or remove api_key_env for a "
-                    "server without keys",
-                    **self._where(stage, "backend.route.api_key_env"),
-                )
-            return _RemoteLlm(api_key=api_key)
-        here = current_os_domain()
-        if route.os_domain != here:
-            raise RouteError(
-                f"{stage.name}: route {route.name} has os_domain {route.os_domain!r}, but a "
-                f"language-model worker runs in the controller's own domain ({here!r}); "
-                f"accepted: os_domain: {here} (graph stages may cross between Windows and WSL)",
-                **self._where(stage, "backend.route.os_domain"),
-            )
-        frozen = is_frozen()
-        try:
-            argv = resolve_interpreter(
-                route.interpreter,
-                frozen=frozen,
-                env_dir=envs_root() if self.env_dir is None else self.env_dir,
-                os_domain=route.os_domain,
-            )
-            worker_argv(argv, route.worker, frozen=frozen)
-        except RouteError as exc:
-            raise RouteError(
-                f"{stage.name}: {exc.detail}", **self._where(stage, f"backend.route.{exc.key}")
-            ) from exc
-        found = _LocalLlm(
-            python=Path(argv[0]),
-            device_id=device.physical_id,
-            memory=engine_memory_constraint(route.ep, device.physical_id),
+    def resolution(self) -> Resolution:
+        """Admission's checks of this pipeline (no process, no reservation), against the
+        capacities the ledger holds: what ``plan`` reports, and what loading raises the
+        first refusal of."""
+        held = {name: state.capacity for name, state in self.ledger.snapshot().constraints.items()}
+        prior = self._prior
+        found = resolve(
+            self.config,
+            self.topology,
+            self.selection,
+            capacities=held,
+            env_dir=self.env_dir,
+            bundles=None
+            if prior is None
+            else {path: report for path, report in prior.bundles.items() if report.ok},
         )
-        if isinstance(backend.model, Path):
-            self._check_floor(stage, backend, backend.model, found.memory)
+        if found.machine is not None:
+            self.topology = found.machine
+        if found.selection is not None:
+            self.selection = found.selection
         return found
 
-    def _check_floor(
-        self, stage: StageConfig, backend: LlmBackendConfig, model_dir: Path, memory: str
-    ) -> None:
-        """The stage's demand on the memory its engine uses (the machine's RAM on the CPU, the
-        GPU's own memory for CUDA) must cover its weights plus its KV cache."""
-        floor = engine_floor_bytes(model_dir, backend.engine_args)
-        declared = stage.resource_budget.demands.get(memory, 0)
-        if declared < floor:
-            held = (
-                "about 1.5 GiB for the tiny model on the CPU"
-                if memory == DEFAULT_MEMORY_CONSTRAINT
-                else "CUDA's own context and vLLM's activations besides"
-            )
-            raise ConfigError(
-                f"{stage.name} demands {declared} bytes of {memory}, less than the weights of "
-                f"{model_dir} plus the KV cache ({floor} bytes); accepted: a demand of at least "
-                f"{floor} bytes (the worker holds more: {held})",
-                **self._where(stage, f"resource_budget.demands[{memory}]"),
-            )
+    def _resolve(self) -> list[Placement]:
+        """Every stage's placement; raises the first refusal (see :meth:`resolution`)."""
+        return list(self.resolution().placements())
 
     def _declare_machine(self) -> None:
         """Give the ledger the machine's capacity of each constraint this pipeline names and
@@ -316,8 +199,9 @@ class StageRuntime:
 
     async def start(self) -> list[StageHandle]:
         """Start every stage; on failure unwind and raise :class:`StageStartError`."""
-        resolved = self._resolve()
+        resolution = self.resolution()
         self._declare_machine()
+        resolved = resolution.placements()
         self._plan = self.ledger.reserve_plan(
             self.config.pipeline, self.config.demands_by_stage(), ceiling=self.config.capacities
         )
@@ -356,11 +240,11 @@ class StageRuntime:
         return record
 
     async def _make_stage(
-        self, stage: StageConfig, found: _Resolved, reservation: StageReservation
+        self, stage: StageConfig, found: Placement, reservation: StageReservation
     ) -> StageHandle:
         backend = stage.backend
         if isinstance(backend, GraphBackendConfig):
-            assert isinstance(found, _Graph)
+            assert isinstance(found, GraphPlacement)
             spec = GraphStageSpec(
                 name=stage.name,
                 bundle=found.bundle,
@@ -369,10 +253,10 @@ class StageRuntime:
                 device=found.device,
             )
             return GraphStage(stage, backend.route.name, self._graph_client(spec, reservation))
-        if isinstance(found, _RemoteLlm):
+        if isinstance(found, RemoteLlmPlacement):
             # A remote stage holds no local memory: its reservation stays with this runtime.
             return LlmStage(stage, backend, self._remote_client(stage, backend, found))
-        assert isinstance(found, _LocalLlm)
+        assert isinstance(found, LocalLlmPlacement)
         assert isinstance(backend.route, LlmRouteConfig)
         model_dir = await self._model_dir(stage, backend, found)
         route = backend.route
@@ -417,7 +301,7 @@ class StageRuntime:
         )
 
     async def _model_dir(
-        self, stage: StageConfig, backend: LlmBackendConfig, found: _LocalLlm
+        self, stage: StageConfig, backend: LlmBackendConfig, found: LocalLlmPlacement
     ) -> Path:
         """The model directory; a built-in model (``tiny``, ``smollm2-135m-instruct``) is made
         by the route's Python when missing, once."""
@@ -430,11 +314,13 @@ class StageRuntime:
             model_dir = await loop.run_in_executor(None, ensure, found.python)
         except ModelBuildError as exc:
             raise StageStartError(stage.name, ExecutionError(str(exc))) from exc
-        self._check_floor(stage, backend, model_dir, found.memory)
+        refused = floor_refusal(self.config, stage, backend, model_dir, found.memory)
+        if refused is not None:
+            raise refused
         return model_dir
 
     def _remote_client(
-        self, stage: StageConfig, backend: LlmBackendConfig, found: _RemoteLlm
+        self, stage: StageConfig, backend: LlmBackendConfig, found: RemoteLlmPlacement
     ) -> LlmClient:
         """The remote route's client; its module is imported only for a pipeline that names one."""
         route = backend.route

@@ -1,0 +1,86 @@
+"""The studio's description of a pipeline reads each file once: the pipeline file is parsed
+once and each bundle hashed once, and loading what was described hashes nothing again."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import runtime.artifacts
+import runtime.config.loader
+from app.presenters import describe_pipeline
+from runtime.devices import DeviceSelection, discover_topology
+from runtime.engine.stage_runtime import StageRuntime
+from runtime.events import EventBus
+from runtime.ledger import ResourceLedger
+
+
+def _count(monkeypatch: pytest.MonkeyPatch) -> tuple[Counter[Path], Counter[str]]:
+    hashed: Counter[Path] = Counter()
+    parsed: Counter[str] = Counter()
+    hash_and_size = runtime.artifacts._hash_and_size
+    parse = runtime.config.loader._parse
+
+    def counted_hash(path: Path, *args: Any, **kwargs: Any) -> tuple[str, int]:
+        hashed[Path(path).resolve()] += 1
+        return hash_and_size(path, *args, **kwargs)
+
+    def counted_parse(text: str, **kwargs: Any) -> Any:
+        parsed[str(kwargs.get("source"))] += 1
+        return parse(text, **kwargs)
+
+    monkeypatch.setattr(runtime.artifacts, "_hash_and_size", counted_hash)
+    monkeypatch.setattr(runtime.config.loader, "_parse", counted_parse)
+    return hashed, parsed
+
+
+def _bundle_files(manifest: Path) -> set[Path]:
+    bundle = runtime.artifacts.verify_bundle(manifest)
+    return {bundle.path(name).resolve() for name in bundle.manifest.files}
+
+
+@pytest.mark.parametrize("opened", ["pipelines/mlp-chain.yaml", "bundles/add/manifest.json"])
+def test_describing_then_loading_hashes_each_bundle_once_and_parses_once(
+    opened: str, demo_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topology = discover_topology()
+    path = demo_root / opened
+    hashed, parsed = _count(monkeypatch)
+    described = describe_pipeline(path, topology, DeviceSelection())
+    assert described.plan is not None
+    assert described.plan.admitted, described.plan.refusals
+    assert described.info.example_inputs  # read from the bundle verified once
+    assert list(parsed.values()) == [1]
+    hashed_then = dict(hashed)
+    files: set[Path] = set()
+    for stage in described.config.stages:
+        files |= _bundle_files(stage.backend.manifest)
+    assert set(hashed_then) == files
+    assert set(hashed_then.values()) == {1}
+    hashed.clear()  # count loading on its own from here
+    parsed.clear()
+    ledger = ResourceLedger(name="studio")
+    stages = StageRuntime(
+        described.config,
+        ledger=ledger,
+        events=EventBus(),
+        topology=topology,
+        selection=DeviceSelection(),
+        resolution=described.plan.resolution,
+    )
+
+    async def start_and_close() -> int:
+        await stages.start()
+        try:
+            return len(stages.clients)
+        finally:
+            await stages.close()
+
+    assert asyncio.run(start_and_close()) == len(described.config.stages)
+    assert not hashed
+    assert not parsed
+    assert ledger.snapshot().is_empty
