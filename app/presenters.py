@@ -74,7 +74,7 @@ from runtime.events import (
     WorkerRetired,
 )
 from runtime.ledger import format_bytes
-from runtime.outputs import AUDIO_KEYS, AudioChunk, OmniRequestOutput
+from runtime.outputs import TEXT_KEY, OmniRequestOutput
 from runtime.pipeline_files import is_manifest_path, pipeline_for_bundle
 from runtime.pipeline_input import AUDIO_INPUT, TENSOR_INPUT, example_text, input_kind
 from runtime.planning import plan_pipeline
@@ -97,8 +97,6 @@ RUN_IN_PROGRESS = ErrorInfo(
     "Cancel it (Esc) or wait for it to finish before opening another pipeline.",
     kind="warning",
 )
-#: Arrays of a request output that carry streamed audio or text rather than tensors.
-STREAM_KEYS = AUDIO_KEYS | {"text"}
 
 
 def topology_view(
@@ -374,12 +372,11 @@ def output_items(
     :class:`ReceivedAudio`; ``text`` a :class:`TextChunk`; any other arrays of an output that
     carries neither become :class:`TensorResults`.
     """
-    outputs = output.outputs
     segment = transcript_segment(output)
     if segment is not None:
         return [segment]
     items: list[ReceivedAudio | TextChunk | TensorResults | TranscriptSegment] = []
-    audio = AudioChunk.from_output(output)
+    audio = output.audio
     # A stream may close with an empty chunk (its last output carries only metrics).
     if audio is not None and audio.pcm.size:
         items.append(
@@ -392,26 +389,18 @@ def output_items(
                 received_s=received_s,
             )
         )
-    text: object = outputs.get("text")
-    if text is None and output.finished and output.text is not None:
-        text = output.text
+    # A language-model stage's text, or a graph stage's output named like it.
+    text: object = output.text
+    if text is None and TEXT_KEY in output.outputs:
+        text = output.outputs[TEXT_KEY]
     if text is not None:
-        prompt = output.metrics.get("prompt") if output.finished else None
         items.append(
             TextChunk(
-                output.request_id,
-                output.index,
-                _as_text(text),
-                output.finished,
-                prompt if isinstance(prompt, str) else None,
+                output.request_id, output.index, _as_text(text), output.finished, output.prompt
             )
         )
     if audio is None and text is None:
-        arrays = {
-            name: np.array(value, copy=True)
-            for name, value in outputs.items()
-            if name not in STREAM_KEYS and isinstance(value, np.ndarray)
-        }
+        arrays = {name: np.array(value, copy=True) for name, value in output.tensors.items()}
         if arrays:
             items.append(TensorResults(output.request_id, output.stage, arrays))
     return items
@@ -678,7 +667,7 @@ def queue_audio(sink: AudioSink, request_id: str, done: cf.Future[Any]) -> bool:
     if not isinstance(item, OmniRequestOutput):
         return False
     try:
-        audio = AudioChunk.from_output(item)
+        audio = item.audio
     except ModelError:
         return False  # the GUI reports it when it turns the output into values
     if audio is None or not audio.pcm.size:

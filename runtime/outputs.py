@@ -19,7 +19,7 @@ from runtime.errors import ModelError
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-__all__ = ["AUDIO_KEYS", "AudioChunk", "OmniRequestOutput"]
+__all__ = ["AUDIO_KEYS", "STREAM_KEYS", "TEXT_KEY", "AudioChunk", "OmniRequestOutput"]
 
 
 @dataclass(slots=True, eq=False)
@@ -49,6 +49,31 @@ class OmniRequestOutput:
     text: str | None = None
     _release: Callable[[], None] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def audio(self) -> AudioChunk | None:
+        """The audio this output carries (None where it carries none); :class:`ModelError`
+        when its ``pcm`` or the numbers beside it are malformed."""
+        return AudioChunk.from_output(self)
+
+    @property
+    def tensors(self) -> dict[str, np.ndarray]:
+        """The arrays this output carries besides audio and text (a graph chain's results),
+        still over the stage's buffers: copy them to keep them."""
+        return {
+            name: value
+            for name, value in self.outputs.items()
+            if name not in STREAM_KEYS and isinstance(value, np.ndarray)
+        }
+
+    @property
+    def prompt(self) -> str | None:
+        """The prompt text a language-model stage was given (its end when it is long), on a
+        text pipeline's final output; None elsewhere and for a prompt of token ids."""
+        if not self.finished:
+            return None
+        prompt = self.metrics.get("prompt")
+        return prompt if isinstance(prompt, str) else None
 
     def kept_outputs(self) -> dict[str, Any]:
         """Copies of the outputs that stay valid after acknowledgement (copied once, here)."""
@@ -128,6 +153,10 @@ class AudioChunk:
 
 #: Names of the arrays :class:`AudioChunk` reads from an output.
 AUDIO_KEYS = frozenset({"pcm", "sample_rate", "chunk_index", "sentence_index", "sentence_samples"})
+#: The name of the output that carries a language-model stage's text.
+TEXT_KEY = "text"
+#: Names of the arrays that carry streamed audio or text rather than tensors.
+STREAM_KEYS = AUDIO_KEYS | {TEXT_KEY}
 
 
 def _one_int(outputs: Mapping[str, object], name: str, source: str) -> int | None:
