@@ -19,23 +19,21 @@ from typing import TYPE_CHECKING, Final
 
 from benchmarks import graphs
 from benchmarks.base import Benchmark, BenchOptions
+from benchmarks.baseline import in_process_session, session_call
 from benchmarks.figures import Comparator, FigureSpec, Goal, Subject
 from benchmarks.pipe_floor import measure_floor
 from benchmarks.stats import Samples, interleaved, ms, rounded, time_calls
 from runtime.api import Omni
 from runtime.devices import DeviceSelection
-from workers.ort_session import create_session, load_verified_graph
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Mapping
     from pathlib import Path
 
     import numpy as np
     import onnx
-    import onnxruntime as ort
 
     from benchmarks.figures import Detail, Figure
-    from runtime.artifacts import VerifiedBundle
 
 TINY_ADD: Final = FigureSpec(
     key="graph.tiny_add",
@@ -66,29 +64,6 @@ MATMUL_WIDTH: Final = 512
 #: Row counts tried for the MatMul; the one whose in-process p50 is nearest 1 ms is used.
 MATMUL_ROWS: Final = (16, 32, 64, 128, 256, 512)
 TARGET_S: Final = 1e-3
-
-
-def in_process_session(
-    bundle: VerifiedBundle, *, intra_op_threads: int = 0, allow_spinning: bool = True
-) -> ort.InferenceSession:
-    """The session the worker creates for ``bundle`` on the demos' CPU route, made here with
-    the thread options the plan gave the worker."""
-    loaded = load_verified_graph(bundle.manifest_path, bundle.identity)
-    return create_session(
-        loaded,
-        [graphs.CPU],
-        [graphs.CPU],
-        graphs.CPU,
-        intra_op_threads=intra_op_threads,
-        allow_spinning=allow_spinning,
-    )
-
-
-def session_call(
-    session: ort.InferenceSession, inputs: Mapping[str, np.ndarray]
-) -> Callable[[], object]:
-    feed = dict(inputs)
-    return lambda: session.run(None, feed)
 
 
 def calibrate_matmul(workdir: Path, quick: bool) -> tuple[int, dict[int, float]]:

@@ -23,8 +23,8 @@ import numpy as np
 
 from benchmarks import graphs
 from benchmarks.base import Benchmark, BenchOptions
+from benchmarks.baseline import in_process_session
 from benchmarks.figures import REPORT_ONLY, Comparator, FigureSpec, Goal, Subject
-from benchmarks.graph_overhead import in_process_session
 from benchmarks.stats import Samples, interleaved, ms, rounded, time_calls
 from runtime.api import Omni
 from runtime.devices import DeviceSelection

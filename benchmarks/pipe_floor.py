@@ -1,6 +1,6 @@
 """The two-process floor of a graph call: what any design with a worker process pays.
 
-A second Python process holds the same session (made by :func:`graph_overhead.in_process_session`
+A second Python process holds the same session (made by :func:`baseline.in_process_session`
 with the plan's thread options) bound once, with ONNX Runtime's I/O binding, to a shared-memory
 segment for its inputs and outputs. One call is: the caller copies the inputs into the segment,
 writes one byte to a pipe, the worker runs and writes one byte back, and the caller copies the
@@ -74,7 +74,7 @@ def measure_floor(
 
     ``python`` runs the worker (default: this interpreter). RuntimeError when the worker
     stops before the measurement ends; nothing is left behind either way."""
-    from benchmarks.graph_overhead import in_process_session, session_call
+    from benchmarks.baseline import in_process_session, session_call
 
     if sys.platform == "win32":
         return {"floor": "not measured: the worker's pipes are passed by descriptor (POSIX)"}
@@ -188,7 +188,7 @@ def _worker(argv: Sequence[str]) -> int:
     """The floor's worker: the session bound once to the segment, one byte in, one out."""
     import onnxruntime as ort
 
-    from benchmarks.graph_overhead import in_process_session
+    from benchmarks.baseline import in_process_session
     from runtime.artifacts import verify_bundle
 
     spec: dict[str, Any] = json.loads(argv[0])
