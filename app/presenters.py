@@ -350,16 +350,13 @@ def _as_text(value: object) -> str:
 
 
 def transcript_segment(output: OmniRequestOutput) -> TranscriptSegment | None:
-    """A transcription's segment output (text with ``start_s`` and ``end_s``), or None."""
-    outputs = output.outputs
-    if output.finished or output.text is None or not {"start_s", "end_s"} <= outputs.keys():
+    """A transcription's segment output (text with where it lies in the audio), or None."""
+    span = output.span
+    if span is None:
         return None
-    try:
-        start = float(np.asarray(outputs["start_s"]).reshape(()))
-        end = float(np.asarray(outputs["end_s"]).reshape(()))
-    except (TypeError, ValueError):
-        return None
-    return TranscriptSegment(output.request_id, output.index, start, end, output.text.strip())
+    return TranscriptSegment(
+        output.request_id, output.index, span.start_s, span.end_s, span.text.strip()
+    )
 
 
 def output_items(

@@ -19,7 +19,15 @@ from runtime.errors import ModelError
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-__all__ = ["AUDIO_KEYS", "STREAM_KEYS", "TEXT_KEY", "AudioChunk", "OmniRequestOutput"]
+__all__ = [
+    "AUDIO_KEYS",
+    "SPAN_KEYS",
+    "STREAM_KEYS",
+    "TEXT_KEY",
+    "AudioChunk",
+    "OmniRequestOutput",
+    "TextSpan",
+]
 
 
 @dataclass(slots=True, eq=False)
@@ -65,6 +73,12 @@ class OmniRequestOutput:
             for name, value in self.outputs.items()
             if name not in STREAM_KEYS and isinstance(value, np.ndarray)
         }
+
+    @property
+    def span(self) -> TextSpan | None:
+        """Where this output's text lies in the input audio (a transcription's segment);
+        None for an output without ``start_s`` and ``end_s`` beside its text."""
+        return TextSpan.from_output(self)
 
     @property
     def prompt(self) -> str | None:
@@ -151,10 +165,35 @@ class AudioChunk:
         return self.pcm.size / self.sample_rate
 
 
+@dataclass(frozen=True, slots=True)
+class TextSpan:
+    """A piece of text and the seconds of input audio it stands for (a transcribed segment)."""
+
+    text: str
+    start_s: float
+    end_s: float
+
+    @classmethod
+    def from_output(cls, output: OmniRequestOutput) -> TextSpan | None:
+        """The span of a partial output that carries text, ``start_s`` and ``end_s`` (one
+        number each); None for any other output."""
+        outputs = output.outputs
+        if output.finished or output.text is None or not SPAN_KEYS <= outputs.keys():
+            return None
+        try:
+            start = float(np.asarray(outputs["start_s"]).reshape(()))
+            end = float(np.asarray(outputs["end_s"]).reshape(()))
+        except (TypeError, ValueError):
+            return None
+        return cls(output.text, start, end)
+
+
 #: Names of the arrays :class:`AudioChunk` reads from an output.
 AUDIO_KEYS = frozenset({"pcm", "sample_rate", "chunk_index", "sentence_index", "sentence_samples"})
 #: The name of the output that carries a language-model stage's text.
 TEXT_KEY = "text"
+#: Names of the numbers that place a text output in the input audio.
+SPAN_KEYS = frozenset({"start_s", "end_s"})
 #: Names of the arrays that carry streamed audio or text rather than tensors.
 STREAM_KEYS = AUDIO_KEYS | {TEXT_KEY}
 

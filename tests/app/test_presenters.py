@@ -16,6 +16,7 @@ from app.models import (
     ReceivedAudio,
     TensorResults,
     TextChunk,
+    TranscriptSegment,
 )
 from app.presenters import (
     RequestTracker,
@@ -138,6 +139,21 @@ def test_text_and_tensor_outputs_are_told_apart() -> None:
     (tensors,) = output_items(tensors_output, 0.0)
     assert isinstance(tensors, TensorResults)
     assert list(tensors.arrays) == ["sum"]
+
+
+def test_a_transcribed_segment_becomes_a_transcript_segment() -> None:
+    output = OmniRequestOutput(
+        request_id="req-1",
+        stage="recogniser",
+        outputs={"start_s": np.float64(0.5), "end_s": np.float64(1.75)},
+        finished=False,
+        index=2,
+        text=" Hello there. ",
+    )
+    (segment,) = output_items(output, 0.0)
+    assert isinstance(segment, TranscriptSegment)
+    assert (segment.index, segment.start_s, segment.end_s) == (2, 0.5, 1.75)
+    assert segment.text == "Hello there."
 
 
 @pytest.mark.parametrize(

@@ -46,3 +46,14 @@ def test_the_prompt_is_on_the_final_output_only() -> None:
     assert _output({}, finished=False, metrics=metrics).prompt is None
     assert _output({}, finished=True, metrics={"prompt": None}).prompt is None
     assert _output({}, finished=True).prompt is None
+
+
+def test_a_transcribed_segment_says_where_its_text_lies() -> None:
+    segment = {"tokens": np.arange(3), "start_s": np.float64(1.5), "end_s": np.float64(2.25)}
+    span = _output(segment, text=" hello").span
+    assert span is not None
+    assert (span.text, span.start_s, span.end_s) == (" hello", 1.5, 2.25)
+    # Not a segment: the final output, text without times, times that are not one number.
+    assert _output(segment, finished=True, text="hello").span is None
+    assert _output({"start_s": 1.0}, text="hello").span is None
+    assert _output({"start_s": np.arange(2), "end_s": 1.0}, text="hello").span is None
