@@ -21,6 +21,7 @@ import numpy as np
 
 from runtime.api import Omni
 from runtime.devices import DeviceSelection, discover_topology
+from tests.helpers.engine import engine_of
 from tests.runtime.engine.support import ENDLESS_STEPS, wait_busy
 
 
@@ -29,9 +30,9 @@ def main() -> int:
     with np.load(inputs, allow_pickle=False) as archive:
         x = archive["x"]
     omni = Omni(pipeline, topology=discover_topology(), selection=DeviceSelection())
-    (client,) = omni.orchestrator.clients
+    (client,) = engine_of(omni).clients
     assert client.pid is not None
-    omni.orchestrator.submit({"x": x, "n": np.array(ENDLESS_STEPS, np.int64)})
+    engine_of(omni).submit({"x": x, "n": np.array(ENDLESS_STEPS, np.int64)})
     wait_busy(client.pid)
     print(json.dumps({"worker_pid": client.pid, "controller_pid": os.getpid()}), flush=True)
     while True:

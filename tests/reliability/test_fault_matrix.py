@@ -58,6 +58,7 @@ from runtime.host import set_child_subreaper
 from runtime.ledger import ResourceLedger
 from runtime.transport.channel import ProtocolError
 from runtime.transport.shm import DEFAULT_MAX_BYTES, ShmLimitExceeded, ShmProducer, new_prefix
+from tests.helpers.engine import engine_of
 from tests.reliability import transforms
 from tests.reliability.support import Census, record, temp_files
 from tests.runtime.engine.support import (
@@ -294,10 +295,10 @@ def kill_during_warmup(run: FaultRun) -> Outcome:
 def kill_during_call(run: FaultRun) -> Outcome:
     ledger = ResourceLedger(name="kill-call")
     with Omni(run.loop_pipeline(), ledger=ledger, **run.options) as omni:
-        (client,) = omni.orchestrator.clients
+        (client,) = engine_of(omni).clients
         pid = client.pid
         assert pid is not None
-        request = omni.orchestrator.submit(run.loop_inputs(ENDLESS_STEPS))
+        request = engine_of(omni).submit(run.loop_inputs(ENDLESS_STEPS))
         pending = request.stream.next_future()
         wait_busy(pid)
         run.inject()
@@ -322,7 +323,7 @@ def kill_during_call(run: FaultRun) -> Outcome:
 def kill_while_idle(run: FaultRun) -> Outcome:
     ledger = ResourceLedger(name="kill-idle")
     with Omni(run.add_pipeline, ledger=ledger, **run.options) as omni:
-        (client,) = omni.orchestrator.clients
+        (client,) = engine_of(omni).clients
         pid = client.pid
         assert pid is not None
         run.inject()
@@ -361,10 +362,10 @@ def hung_call(run: FaultRun) -> Outcome:
     events = EventBus()
     retired = retired_events(events)
     with Omni(pipeline, ledger=ledger, events=events, **run.options) as omni:
-        (client,) = omni.orchestrator.clients
+        (client,) = engine_of(omni).clients
         pid = client.pid
         assert pid is not None
-        request = omni.orchestrator.submit()
+        request = engine_of(omni).submit()
         pending = request.stream.next_future()
         wait_until(lambda: _ignores_sigterm(pid), "the worker to hang in its call")
         run.inject()
@@ -415,7 +416,7 @@ def stdout_noise(run: FaultRun) -> Outcome:
 
     pipeline = run.worker_pipeline("noise", FAULT_WORKER, FAULT="stdout-noise")
     with _log_lines("omni.worker") as log, Omni(pipeline, **run.options) as omni:
-        (client,) = omni.orchestrator.clients
+        (client,) = engine_of(omni).clients
         pid = client.pid
         example = omni.example_inputs()
         run.inject()
@@ -435,11 +436,11 @@ def _protocol_fault(run: FaultRun, name: str, worker: Path, code: str, **env: st
     pipeline = run.worker_pipeline(name, worker, **env)
     ledger = ResourceLedger(name=name)
     with Omni(pipeline, ledger=ledger, **run.options) as omni:
-        (client,) = omni.orchestrator.clients
+        (client,) = engine_of(omni).clients
         pid = client.pid
         assert pid is not None
         run.inject()
-        request = omni.orchestrator.submit()
+        request = engine_of(omni).submit()
         error = request.stream.next_future().result(15)
         wait_until(lambda: gone_and_settled(pid, ledger), "the broken worker to be retired")
         run.recovered()
@@ -733,7 +734,7 @@ def stale_acknowledgement(run: FaultRun) -> Outcome:
         _log_lines("omni.backends.graph", logging.DEBUG) as log,
         Omni(pipeline, **run.options) as omni,
     ):
-        (client,) = omni.orchestrator.clients
+        (client,) = engine_of(omni).clients
         channel = client._channel
         assert channel is not None
         run.inject()
@@ -748,7 +749,7 @@ def stale_acknowledgement(run: FaultRun) -> Outcome:
         # The controller repeats its acknowledgement of the worker's last 1 MiB result.
         owner = f"ort-{client.generation}"
         for message in (AckMessage(owner, 3), AckMessage(owner, 1), AckMessage("nobody", 7)):
-            on_loop(omni.orchestrator, lambda m=message: channel.send_message(m, owner=client.name))
+            on_loop(engine_of(omni), lambda m=message: channel.send_message(m, owner=client.name))
         # The API: an output released after its request ended, and a stale key.
         first = omni.generate(inputs)
         old = next(first)
@@ -760,7 +761,7 @@ def stale_acknowledgement(run: FaultRun) -> Outcome:
         stale_key = old.request_id
         assert client.slot is not None
         assert client.slot.request_id == current.request_id
-        assert not on_loop(omni.orchestrator, lambda: client.acknowledge(RequestKey(stale_key)))
+        assert not on_loop(engine_of(omni), lambda: client.acknowledge(RequestKey(stale_key)))
         assert client.slot.request_id == current.request_id
         np.testing.assert_allclose(current.outputs["y"], expected, atol=1e-5)
         second.close()
@@ -791,10 +792,10 @@ def double_cancel_active(run: FaultRun) -> Outcome:
     events = EventBus()
     retired = retired_events(events)
     with Omni(run.loop_pipeline(), ledger=ledger, events=events, **run.options) as omni:
-        (client,) = omni.orchestrator.clients
+        (client,) = engine_of(omni).clients
         pid = client.pid
         assert pid is not None
-        request = omni.orchestrator.submit(run.loop_inputs(ENDLESS_STEPS))
+        request = engine_of(omni).submit(run.loop_inputs(ENDLESS_STEPS))
         pending = request.stream.next_future()
         wait_busy(pid)
         barrier = threading.Barrier(2)
@@ -833,7 +834,7 @@ def double_cancel_retained(run: FaultRun) -> Outcome:
     events = EventBus()
     retired = retired_events(events)
     with Omni(run.add_pipeline, events=events, **run.options) as omni:
-        (client,) = omni.orchestrator.clients
+        (client,) = engine_of(omni).clients
         pid = client.pid
         generator = omni.generate()
         output = next(generator)
@@ -867,10 +868,10 @@ def cancel_before_first_output(run: FaultRun) -> Outcome:
     retired = retired_events(events)
     pipeline = run.loop_pipeline()
     with Omni(pipeline, ledger=ledger, events=events, **run.options) as omni:
-        (client,) = omni.orchestrator.clients
+        (client,) = engine_of(omni).clients
         pid = client.pid
         assert pid is not None
-        request = omni.orchestrator.submit(run.loop_inputs(ENDLESS_STEPS))
+        request = engine_of(omni).submit(run.loop_inputs(ENDLESS_STEPS))
         run.inject()
         assert omni.cancel(request.request_id)
         first = request.stream.next_future().result(10)
@@ -901,10 +902,10 @@ def cancel_queued(run: FaultRun) -> Outcome:
     pipeline = run.loop_pipeline("queued", max_queued=1)
     inputs = run.loop_inputs(SHORT_STEPS)
     with Omni(pipeline, **run.options) as omni:
-        (client,) = omni.orchestrator.clients
+        (client,) = engine_of(omni).clients
         pid = client.pid
-        running = omni.orchestrator.submit(inputs)
-        queued = omni.orchestrator.submit(inputs)
+        running = engine_of(omni).submit(inputs)
+        queued = engine_of(omni).submit(inputs)
         run.inject()
         assert omni.cancel(queued.request_id)
         error = queued.stream.next_future().result(10)
@@ -939,7 +940,7 @@ def cancel_during_handoff(run: FaultRun) -> Outcome:
     with Omni(pipeline, events=events, **run.options) as omni:
         expected = omni.run()["y"]
         transforms.HANDOFF_STARTED.clear()
-        request = omni.orchestrator.submit()
+        request = engine_of(omni).submit()
         assert transforms.HANDOFF_STARTED.wait(10)
         run.inject()
         assert omni.cancel(request.request_id)
@@ -948,7 +949,7 @@ def cancel_during_handoff(run: FaultRun) -> Outcome:
         assert isinstance(error, RequestCancelled), error
         # No stage call was running, so no worker was retired.
         assert not retired
-        assert all(client.usable for client in omni.orchestrator.clients)
+        assert all(client.usable for client in engine_of(omni).clients)
         np.testing.assert_array_equal(omni.run()["y"], expected)
     return Outcome(error, "usable", True)
 
@@ -967,10 +968,10 @@ def shutdown_during_call(run: FaultRun) -> Outcome:
     ledger = ResourceLedger(name="shutdown")
     omni = Omni(run.loop_pipeline(), ledger=ledger, **run.options)
     try:
-        (client,) = omni.orchestrator.clients
+        (client,) = engine_of(omni).clients
         pid = client.pid
         assert pid is not None
-        request = omni.orchestrator.submit(run.loop_inputs(ENDLESS_STEPS))
+        request = engine_of(omni).submit(run.loop_inputs(ENDLESS_STEPS))
         pending = request.stream.next_future()
         wait_busy(pid)
         run.inject()
@@ -997,10 +998,10 @@ def shutdown_during_hung_call(run: FaultRun) -> Outcome:
     ledger = ResourceLedger(name="stubborn-close")
     omni = Omni(pipeline, ledger=ledger, **run.options)
     try:
-        (client,) = omni.orchestrator.clients
+        (client,) = engine_of(omni).clients
         pid = client.pid
         assert pid is not None
-        request = omni.orchestrator.submit()
+        request = engine_of(omni).submit()
         pending = request.stream.next_future()
         wait_until(lambda: _ignores_sigterm(pid), "the worker to hang in its call")
         run.inject()
@@ -1083,7 +1084,7 @@ def shm_limit_exceeded(run: FaultRun) -> Outcome:
     inputs = run.loop_inputs(1)
     expected = loop_reference(inputs["x"], 1)
     with Omni(run.loop_pipeline(), **run.options) as omni:
-        (client,) = omni.orchestrator.clients
+        (client,) = engine_of(omni).clients
         hog = ShmProducer("hog", new_prefix(os.getpid(), 0))
         try:
             hog.put(bytes(DEFAULT_MAX_BYTES - (512 << 10)))

@@ -32,6 +32,7 @@ from runtime.contracts.buffers import DescriptorError
 from runtime.host import GENERATION_VARIABLE, INHERITED_VARIABLES
 from runtime.transport import arena, shm
 from runtime.transport.channel import FramedChannel
+from tests.helpers.engine import engine_of
 from tests.reliability.support import record
 from tests.runtime.engine.support import StageSpec, write_pipeline
 
@@ -71,7 +72,7 @@ def test_graph_workers_have_no_sockets_and_the_controller_listens_on_none(
 ) -> None:
     with Omni(_add_pipeline(demo_root), **options) as omni:
         omni.run()
-        (client,) = omni.orchestrator.clients
+        (client,) = engine_of(omni).clients
         assert client.pid is not None
         worker = psutil.Process(client.pid)
         targets = _fd_targets(client.pid)
@@ -101,7 +102,7 @@ def test_worker_environment_is_exactly_the_explicit_set(
     for name, value in secrets.items():
         monkeypatch.setenv(name, value)
     with Omni(_add_pipeline(demo_root), **options) as omni:
-        (client,) = omni.orchestrator.clients
+        (client,) = engine_of(omni).clients
         assert client.pid is not None
         raw = Path(f"/proc/{client.pid}/environ").read_bytes()
         seen = dict(item.split("=", 1) for item in raw.decode().split("\0") if item)

@@ -35,6 +35,7 @@ from runtime.api import Omni
 from runtime.engine.orchestrator import Request
 from runtime.engine.outputs import END, OmniRequestOutput
 from runtime.errors import RequestCancelled
+from tests.helpers.engine import engine_of
 from tests.reliability.support import Census, live_children, record, shm_segments
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3 * 3600)]
@@ -68,12 +69,12 @@ class Demo:
     def open(self) -> Omni:
         if self.omni is None:
             self.omni = Omni(self.pipeline, **self.options)
-            self.workers = len(self.omni.orchestrator.clients)
+            self.workers = len(engine_of(self.omni).clients)
         return self.omni
 
     def retired(self) -> bool:
         return self.omni is not None and not all(
-            client.usable for client in self.omni.orchestrator.clients
+            client.usable for client in engine_of(self.omni).clients
         )
 
     def close(self) -> None:
@@ -169,7 +170,7 @@ def test_soak(demo_root: Path, options: dict[str, Any], private_tmpdir: Path) ->
             hold = threading.Event() if cancel else None
             outcome = Outcome("running")
             began = time.monotonic()
-            request = omni.orchestrator.submit(request_input)
+            request = engine_of(omni).submit(request_input)
             consumer = threading.Thread(target=_consume, args=(request, hold, outcome))
             consumer.start()
             if cancel:
@@ -245,7 +246,7 @@ def _held(segments: set[str], demos: dict[str, Demo]) -> list[str]:
     arenas: set[str] = set()
     for demo in demos.values():
         if demo.omni is not None:
-            for client in demo.omni.orchestrator.clients:
+            for client in engine_of(demo.omni).clients:
                 arenas |= getattr(client, "arena_names", frozenset())
     return sorted(segments - arenas)
 

@@ -23,6 +23,7 @@ from runtime.events import (
     RequestOutputReady,
     StageCallFinished,
 )
+from tests.helpers.engine import engine_of
 from tests.helpers.onnx_graphs import make_bundle
 from tests.runtime.engine.support import (
     ENDLESS_STEPS,
@@ -61,7 +62,7 @@ def test_run_takes_the_direct_way_and_records_the_request_like_any_other(
     events = EventBus()
     seen = _recorder(events)
     with Omni(demo_root / "pipelines" / "add.yaml", events=events, **options) as omni:
-        orchestrator = omni.orchestrator
+        orchestrator = engine_of(omni)
         (client,) = orchestrator.clients
         inputs = _pair(1)
         launched: list[object] = []
@@ -103,7 +104,7 @@ def test_a_request_submitted_during_a_direct_run_is_refused_or_queued_then_runs(
     )
     steps = 600
     with Omni(pipeline, **options) as omni:
-        (client,) = omni.orchestrator.clients
+        (client,) = engine_of(omni).clients
         assert client.pid is not None
         outcome: dict[str, Any] = {}
 
@@ -114,9 +115,9 @@ def test_a_request_submitted_during_a_direct_run_is_refused_or_queued_then_runs(
         runner.start()
         wait_until(lambda: client.slot is not None, "the direct call to start")
         # One request waits in the queue (max_queued: 1); a third is refused, naming both.
-        queued = omni.orchestrator.submit(_loop_inputs(loop_manifest, 3))
+        queued = engine_of(omni).submit(_loop_inputs(loop_manifest, 3))
         with pytest.raises(ResourceUnavailable, match="queue holds at most 1"):
-            omni.orchestrator.submit(_loop_inputs(loop_manifest, 3))
+            engine_of(omni).submit(_loop_inputs(loop_manifest, 3))
         runner.join(120)
         assert not runner.is_alive()
         inputs = _loop_inputs(loop_manifest, 3)
@@ -136,7 +137,7 @@ def test_cancelling_a_direct_run_from_another_thread_retires_the_worker(
     events = EventBus()
     seen = _recorder(events)
     with Omni(pipeline, events=events, **options) as omni:
-        (client,) = omni.orchestrator.clients
+        (client,) = engine_of(omni).clients
         pid = client.pid
         assert pid is not None
         caught: list[BaseException] = []
@@ -171,7 +172,7 @@ def test_a_worker_killed_during_a_direct_run_fails_it_at_once(
 ) -> None:
     pipeline = write_pipeline(tmp_path / "loop.yaml", StageSpec(loop_manifest, max_io="4MiB"))
     with Omni(pipeline, **options) as omni:
-        (client,) = omni.orchestrator.clients
+        (client,) = engine_of(omni).clients
         pid = client.pid
         assert pid is not None
         timer = threading.Timer(0.5, os.kill, (pid, signal.SIGKILL))
@@ -191,12 +192,12 @@ def test_run_waits_its_turn_behind_an_unconsumed_output(
     """With an output of another request still held, run() goes through the loop and is
     refused as before (a graph pipeline admits one request at a time)."""
     with Omni(demo_root / "pipelines" / "add.yaml", **options) as omni:
-        held = omni.orchestrator.submit(_pair(3))
+        held = engine_of(omni).submit(_pair(3))
         output = held.stream.next_future().result(30)
         with pytest.raises(ResourceUnavailable, match="one request at a time"):
             omni.run(_pair(4))
         output.release_stage_buffers()
-        wait_until(lambda: not omni.orchestrator._running, "the held request to wind up")
+        wait_until(lambda: not engine_of(omni)._running, "the held request to wind up")
         result = omni.run(_pair(4))
         np.testing.assert_allclose(result["sum"], _pair(4)["a"] + _pair(4)["b"], rtol=1e-6)
 
@@ -206,7 +207,7 @@ def test_closing_the_pipeline_during_a_direct_run_ends_it(
 ) -> None:
     pipeline = write_pipeline(tmp_path / "loop.yaml", StageSpec(loop_manifest, max_io="4MiB"))
     omni = Omni(pipeline, **options)
-    (client,) = omni.orchestrator.clients
+    (client,) = engine_of(omni).clients
     pid = client.pid
     assert pid is not None
     caught: list[BaseException] = []
@@ -232,7 +233,7 @@ def test_direct_runs_read_their_own_results_and_the_loop_takes_the_pipe_back(
     demo_root: Path, options: dict[str, Any]
 ) -> None:
     with Omni(demo_root / "pipelines" / "add.yaml", **options) as omni:
-        (client,) = omni.orchestrator.clients
+        (client,) = engine_of(omni).clients
         reader = getattr(client, "_borrowed", None)
         assert reader is None
         omni.run(_pair(1))
@@ -261,7 +262,7 @@ def test_a_worker_killed_between_direct_runs_is_noticed_without_a_call(
     demo_root: Path, options: dict[str, Any]
 ) -> None:
     with Omni(demo_root / "pipelines" / "add.yaml", **options) as omni:
-        (client,) = omni.orchestrator.clients
+        (client,) = engine_of(omni).clients
         omni.run(_pair(1))
         assert client._borrowed.lent  # type: ignore[attr-defined]
         pid = client.pid
@@ -284,7 +285,7 @@ def test_a_direct_run_frees_its_input_slots_before_it_returns(tmp_path: Path) ->
     pipeline = write_pipeline(tmp_path / "big-add.yaml", StageSpec(manifest, max_io="1MiB"))
     rng = np.random.default_rng(7)
     with Omni(pipeline) as omni:
-        (client,) = omni.orchestrator.clients
+        (client,) = engine_of(omni).clients
         channel = client._channel  # type: ignore[attr-defined]
         handled: list[str] = []
         on_frame = client._on_frame_loop  # type: ignore[attr-defined]

@@ -17,6 +17,7 @@ from runtime.engine.outputs import OmniRequestOutput
 from runtime.errors import RequestCancelled, StageRetired
 from runtime.events import EventBus, WorkerRetired
 from runtime.ledger import ResourceLedger
+from tests.helpers.engine import engine_of
 from tests.runtime.engine.support import (
     ENDLESS_STEPS,
     MISBEHAVING_WORKER,
@@ -56,11 +57,11 @@ def test_cancelling_an_active_call_retires_the_worker_within_the_deadline(
     )
     ledger = ResourceLedger(name="loop")
     with Omni(pipeline, events=events, ledger=ledger, **options) as omni:
-        (client,) = omni.orchestrator.clients
+        (client,) = engine_of(omni).clients
         pid = client.pid
         assert pid is not None
         (reservation,) = ledger.snapshot().reservations
-        request = omni.orchestrator.submit(_loop_inputs(loop_manifest, ENDLESS_STEPS))
+        request = engine_of(omni).submit(_loop_inputs(loop_manifest, ENDLESS_STEPS))
         wait_busy(pid)
         # The call is running and has not finished: it runs until cancelled.
         pending = request.stream.next_future()
@@ -104,7 +105,7 @@ def test_cancelling_a_retained_result_keeps_the_worker(
         lambda event: retired.append(event) if isinstance(event, WorkerRetired) else None
     )
     with Omni(demo_root / "pipelines" / "add.yaml", events=events, **options) as omni:
-        (client,) = omni.orchestrator.clients
+        (client,) = engine_of(omni).clients
         pid = client.pid
         generator = omni.generate()
         output = next(generator)
@@ -142,10 +143,10 @@ def test_a_worker_stuck_in_its_call_is_killed_within_the_deadline(
     )
     ledger = ResourceLedger(name="stubborn")
     with Omni(pipeline, events=events, ledger=ledger, **options) as omni:
-        (client,) = omni.orchestrator.clients
+        (client,) = engine_of(omni).clients
         pid = client.pid
         assert pid is not None
-        request = omni.orchestrator.submit()
+        request = engine_of(omni).submit()
         pending = request.stream.next_future()
         wait_until(lambda: _ignores_sigterm(pid), "the worker to get stuck in the call")
         assert not pending.done()

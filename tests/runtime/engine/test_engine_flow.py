@@ -13,6 +13,7 @@ from runtime.contracts import RequestKey
 from runtime.engine.outputs import END, OmniRequestOutput
 from runtime.errors import RequestCancelled, ResourceUnavailable
 from runtime.events import EventBus, RequestAdmitted
+from tests.helpers.engine import engine_of
 from tests.runtime.engine.support import (
     StageSpec,
     call_stage,
@@ -53,7 +54,7 @@ def test_a_second_request_is_refused_while_the_first_output_is_unconsumed(
         with pytest.raises(ResourceUnavailable, match=output.request_id):
             next(omni.generate(_pair(2)))
         with pytest.raises(ResourceUnavailable, match="one request at a time"):
-            omni.orchestrator.submit(_pair(2))
+            engine_of(omni).submit(_pair(2))
         # Advancing the first generator acknowledges its output and ends its request.
         assert next(first, None) is None
         pair = _pair(3)
@@ -74,7 +75,7 @@ def test_max_queued_one_queues_one_request_and_refuses_a_third(
         lambda event: admitted.append(event) if isinstance(event, RequestAdmitted) else None
     )
     with Omni(pipeline, events=events, **options) as omni:
-        orchestrator = omni.orchestrator
+        orchestrator = engine_of(omni)
         (client,) = orchestrator.clients
         first_pair, second_pair = _pair(11), _pair(12)
         first = orchestrator.submit(first_pair, request_id="req-first")
@@ -126,7 +127,7 @@ def test_the_stage_slot_is_held_until_the_output_is_acknowledged(
     demo_root: Path, options: dict[str, Any]
 ) -> None:
     with Omni(demo_root / "pipelines" / "mlp-chain.yaml", **options) as omni:
-        orchestrator = omni.orchestrator
+        orchestrator = engine_of(omni)
         first_stage, last_stage = orchestrator.clients
         request = orchestrator.submit(request_id="req-held")
         output = _output(request)
@@ -149,7 +150,7 @@ def test_the_stage_slot_is_held_until_the_output_is_acknowledged(
 
 def test_stale_acknowledgements_are_ignored(demo_root: Path, options: dict[str, Any]) -> None:
     with Omni(demo_root / "pipelines" / "add.yaml", **options) as omni:
-        orchestrator = omni.orchestrator
+        orchestrator = engine_of(omni)
         (client,) = orchestrator.clients
         old = orchestrator.submit(_pair(21), request_id="req-old")
         old_output = _output(old)

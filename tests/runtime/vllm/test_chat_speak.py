@@ -44,6 +44,7 @@ from runtime.events import (
     WorkerRetired,
 )
 from runtime.ledger import ResourceLedger, outstanding_reservations
+from tests.helpers.engine import engine_of
 from tests.helpers.voice import assert_speech
 from tests.runtime.engine.support import on_loop, shm_entries, wait_until
 from tests.runtime.vllm.support import START_TIMEOUT_S
@@ -112,19 +113,19 @@ class Chat:
 
     @property
     def llm(self) -> VllmStageClient:
-        client = self.omni.orchestrator.clients[0]
+        client = engine_of(self.omni).clients[0]
         assert isinstance(client, VllmStageClient)
         return client
 
     @property
     def voice(self) -> list[GraphStageClient]:
-        clients = self.omni.orchestrator.clients[1:]
+        clients = engine_of(self.omni).clients[1:]
         assert all(isinstance(client, GraphStageClient) for client in clients)
         return clients  # type: ignore[return-value]
 
     def in_flight(self) -> int:
         """Requests holding a slot of the vLLM stage now (read on the engine's loop)."""
-        return on_loop(self.omni.orchestrator, lambda: len(self.llm.in_flight))
+        return on_loop(engine_of(self.omni), lambda: len(self.llm.in_flight))
 
     def of(self, kind: type[Event], request_id: str) -> list[Any]:
         return [
@@ -259,7 +260,7 @@ def test_a_conversation_reaches_the_model_through_its_chat_template(chat: Chat) 
 
 
 def test_two_requests_generate_in_the_engine_at_once(chat: Chat) -> None:
-    assert chat.omni.orchestrator.concurrency == 4
+    assert engine_of(chat.omni).concurrency == 4
     seen: list[int] = []
     stop = threading.Event()
 
@@ -345,7 +346,7 @@ def test_cancel_mid_generation_aborts_in_vllm_and_the_next_request_is_served(cha
     (finished,) = chat.of(RequestFinished, request_id)
     assert finished.status == "cancelled"
     assert not [event for event in chat.events if isinstance(event, WorkerRetired)]
-    assert all(client.usable for client in chat.omni.orchestrator.clients)
+    assert all(client.usable for client in engine_of(chat.omni).clients)
 
     taken = _take(chat.omni, {"text": "And then?", "max_tokens": 32, "ignore_eos": True})
     assert taken.final is not None
