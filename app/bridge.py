@@ -1,42 +1,50 @@
 """The one bridge between the runtime and Qt.
 
 ``RuntimeBridge`` owns a control thread (:class:`app.control.ControlThread`) that makes every
-blocking runtime call — describing a pipeline, starting and closing an ``Orchestrator``,
-cancelling — and it is the only object that subscribes to runtime callbacks (the
-orchestrator's ``EventBus``, the ``ResourceLedger``, the runtime's loggers, request output
-streams). Those callbacks run on runtime threads; the bridge turns what they carry into plain
-values from :mod:`app.models` with :mod:`app.presenters` and emits Qt signals, which Qt queues
-onto the GUI thread. Widgets only ever see those values, so the GUI never waits on the runtime.
+blocking runtime call — describing a pipeline, loading and closing its stages, cancelling —
+and it is the only object that subscribes to runtime callbacks (a load's ``EventBus``, the
+``ResourceLedger``, the runtime's loggers, request output streams). Those callbacks run on
+runtime threads; each reaches the GUI thread through the bridge's one hop
+(:class:`app.control.GuiHop`), where the bridge turns what it carries into plain values from
+:mod:`app.models` with :mod:`app.presenters` and emits Qt signals. Widgets only ever see
+those values, so the GUI never waits on the runtime.
 
 A run's audio does not wait for the GUI thread: where the window gave the bridge an audio
 sink (:meth:`RuntimeBridge.set_audio_sink`, the studio's ``AudioOutput``), each chunk is queued
 for playback on the runtime thread that delivered it, before the GUI sees it; the GUI then
 only draws it (``ReceivedAudio.queued``).
 
-Four parts of the bridge live in their own modules: the device selection and topology
-(:mod:`app.bridge_devices`), the Serve switch (:mod:`app.bridge_serving`), the imports of My
-pipelines (:mod:`app.bridge_models`) and the first-use setup (:mod:`app.bridge_setup`).
+The bridge is composed of parts, each in its own module, each given what it needs when the
+bridge makes it and each reaching the GUI only through the same hop: the loaded pipelines
+(:mod:`app.bridge_pipelines`), the device selection and topology (:mod:`app.bridge_devices`),
+the Serve switch (:mod:`app.bridge_serving`), the imports of My pipelines
+(:mod:`app.bridge_models`), the first-use setup (:mod:`app.bridge_setup`), the audio input
+(:mod:`app.bridge_audio_input`) and the dictation's transcriber
+(:mod:`app.bridge_transcriber`).
 
 State that belongs to the GUI (``state``, the current request) is touched only on the GUI
-thread; state that belongs to the runtime (the orchestrator) only in control jobs, which
+thread; state that belongs to the runtime (the loaded pipelines) only in control jobs, which
 run one at a time in submission order.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtCore import QObject, Signal
 
-from app.bridge_devices import DeviceSelectionMixin
+from app.bridge_audio_input import InputRecorder
+from app.bridge_devices import MachineChoice
+from app.bridge_models import ModelImports
+from app.bridge_pipelines import LoadCancelled, LoadedPipelines, PendingLoad
 from app.bridge_serving import ServeSwitch, serve_unavailable_reason
-from app.control import ControlThread, LogForwarder
+from app.bridge_setup import SetupJobs
+from app.bridge_transcriber import Transcriber
+from app.control import ControlThread, GuiHop, LogForwarder
 from app.models import (
     ErrorInfo,
     LedgerView,
@@ -66,16 +74,11 @@ from app.presenters import (
 )
 from runtime.adapters.whisper_export import export_missing_recognisers
 from runtime.api import Omni
-from runtime.devices import (
-    DeviceSelection,
-)
-from runtime.engine.orchestrator import LoadCancelled, Orchestrator
+from runtime.devices import DeviceSelection
 from runtime.engine.outputs import END, OmniRequestOutput
-from runtime.errors import AdmissionRefused, ModelError, OmniError, RequestCancelled, UsageError
+from runtime.errors import ModelError, OmniError, RequestCancelled
 from runtime.events import (
     Event,
-    EventBus,
-    LoadProgress,
     PipelineClosed,
     PipelineLoadFailed,
     PipelineLoading,
@@ -114,60 +117,10 @@ LOADING_EVENTS = (
 )
 
 
-class _PendingLoad:
-    """One load of a pipeline's stages: the control thread starts it, the GUI thread may
-    cancel it at any moment without waiting (``Orchestrator.cancel_start``)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._orchestrator: Orchestrator | None = None
-        self.cancelled = False
-        #: What the GUI thread has seen of it (GUI thread only).
-        self.progress = LoadProgress()
-
-    def attach(self, orchestrator: Orchestrator) -> bool:
-        """The orchestrator about to start (control thread); False once cancelled."""
-        with self._lock:
-            if self.cancelled:
-                return False
-            self._orchestrator = orchestrator
-            return True
-
-    def detach(self) -> None:
-        with self._lock:
-            self._orchestrator = None
-
-    def cancel(self) -> None:
-        """Stop the load (any thread, never waits); the control thread unwinds it."""
-        with self._lock:
-            self.cancelled = True
-            orchestrator = self._orchestrator
-        if orchestrator is not None:
-            orchestrator.cancel_start()
-
-
-@dataclass
-class _Session:
-    """The loaded pipeline (control thread only)."""
-
-    orchestrator: Orchestrator
-    unsubscribe: Callable[[], None]
-
-    def usable(self) -> bool:
-        clients = getattr(self.orchestrator, "clients", [])
-        return self.orchestrator.running and all(getattr(c, "usable", True) for c in clients)
-
-    def close(self) -> None:
-        try:
-            self.orchestrator.close()
-        finally:
-            self.unsubscribe()
-
-
 # ----------------------------------------------------------------------------- the bridge
 
 
-class RuntimeBridge(DeviceSelectionMixin, QObject):
+class RuntimeBridge(QObject):
     """The studio's runtime: one ledger (the machine's memory), one open pipeline, signals out.
 
     :meth:`load` starts loading the open pipeline's stages in the background (the window
@@ -200,9 +153,6 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
     serve_changed = Signal(object)  # ServeView
     shut_down = Signal()
 
-    _posted = Signal(object)
-    _stream_item = Signal(str, object, float, bool)
-
     def __init__(
         self,
         *,
@@ -212,45 +162,61 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
     ) -> None:
         super().__init__(parent)
         self.ledger = ResourceLedger(name="studio")
+        #: The one hop into the GUI thread, shared by every part of the bridge.
+        self._hop = GuiHop(self)
         self._state = RunState.EMPTY
         self._info: PipelineInfo | None = None
         self._config: PipelineConfig | None = None
-        self._topology: Topology | None = None
-        self._selection_override = selection
-        self._selection = selection if selection is not None else DeviceSelection()
         self._loaded = False
         self._request: Request | None = None
         self._metrics = RunMetrics()
         self._cancel_after_load = self._keep_after_cancel = False
         #: The load under way (GUI thread), and the request waiting for it.
-        self._pending_load: _PendingLoad | None = None
+        self._pending_load: PendingLoad | None = None
         self._waiting_input: object = None
         self._load_view: LoadView | None = None
         self._audio_sink: AudioSink | None = None
+        self._thread = ControlThread(self, lambda exc: self._post(partial(self._job_failed, exc)))
+        self._machine = MachineChoice(
+            ledger=self.ledger,
+            submit=self._submit,
+            post=self._post,
+            show_topology=self.topology_changed.emit,
+            show_ledger=self.ledger_changed.emit,
+            show_error=self.error.emit,
+            line=self._studio_line,
+            changed=self._machine_changed,
+            selection=selection,
+        )
         self._serving = ServeSwitch(
             submit=self._submit,
             post=self._post,
             emit=self.serve_changed.emit,
             line=self._post_studio_line,
-            machine=lambda: (self._ctl_topology, self._ctl_selection),
+            machine=self._machine.machine,
             unavailable=serve_unavailable_reason(),
             ledger=self.ledger,
         )
-        # Control-thread state.
-        self._session: _Session | None = None
-        #: Loaded pipelines other than the open one, by source file, oldest first.
-        self._warm: dict[Path | None, _Session] = {}
-        self._ctl_topology: Topology | None = None
-        self._ctl_selection = self._selection
+        # Control-thread state: the open pipeline's loaded stages and those kept warm.
+        self._pipelines = LoadedPipelines(
+            ledger=self.ledger,
+            machine=self._machine.machine,
+            line=self._post_studio_line,
+            on_event=self._on_runtime_event,
+            on_load_event=self._on_load_event,
+        )
+        #: Long jobs beside the control thread: Add model's imports, first-use setup.
+        self.imports = ModelImports(post=self._post, parent=self)
+        self.setup_jobs = SetupJobs(post=self._post, parent=self)
+        #: The audio input: the Devices panel's level meter and Dictate's recordings.
+        self.recorder = InputRecorder(post=self._post, parent=self)
+        self._transcriber: Transcriber | None = None
 
-        self._posted.connect(self._run_posted, Qt.ConnectionType.QueuedConnection)
-        self._stream_item.connect(self._on_stream_item, Qt.ConnectionType.QueuedConnection)
-        self._thread = ControlThread(self, lambda exc: self._post(partial(self._job_failed, exc)))
         self._thread.finished.connect(self._on_thread_finished)
         self._unsubscribe_ledger = self.ledger.subscribe(self._on_ledger_event)
-        self._detach_logs = LogForwarder(self.log_line.emit).attach(FORWARDED_LOGGERS)
+        self._detach_logs = LogForwarder(self._post_log_line).attach(FORWARDED_LOGGERS)
         self._thread.start()
-        self._submit(partial(self._topology_job, topology_file))
+        self._machine.use(topology_file)
 
     # -- properties (GUI thread) -------------------------------------------------------
 
@@ -264,12 +230,12 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
 
     @property
     def selection(self) -> DeviceSelection:
-        return self._selection
+        return self._machine.selection
 
     @property
     def topology(self) -> Topology | None:
         """The machine (or topology file) plans and runs use, once discovered."""
-        return self._topology
+        return self._machine.topology
 
     @property
     def loading(self) -> bool:
@@ -296,6 +262,19 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         dictation's transcriber does). A recogniser it names is exported first when missing."""
         export_missing_recognisers(path, progress=self._post_studio_line)
         return Omni(path, ledger=self.ledger, topology=topology, selection=selection)
+
+    def transcriber(self, pipeline: Path) -> Transcriber:
+        """The dictation's transcriber, made on first use with ``pipeline`` (transcribe.yaml):
+        loaded beside the open pipeline (:meth:`start_beside`) on the machine chosen now."""
+        if self._transcriber is None:
+            self._transcriber = Transcriber(
+                pipeline,
+                start=self.start_beside,
+                machine=lambda: (self.topology, self.selection),
+                post=self._post,
+                parent=self,
+            )
+        return self._transcriber
 
     # -- commands (GUI thread) ----------------------------------------------------------
 
@@ -405,6 +384,21 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         """Stop the server and close its pipelines; False when none runs."""
         return self._serving.stop()
 
+    def set_device_allowed(self, physical_id: str, allowed: bool) -> None:
+        """Allow or exclude one device; saved to the selection file the CLI reads."""
+        self._machine.set_allowed(physical_id, allowed)
+
+    def allow_all_devices(self) -> None:
+        self._machine.apply(DeviceSelection())
+
+    def set_topology_source(self, topology_file: Path | None) -> None:
+        """Use this machine (None) or a topology file for plans and runs."""
+        if self._state.busy:
+            return
+        self._unload_if_idle()
+        self._machine.use(topology_file)
+        self._replan()
+
     def shutdown(self) -> None:
         """Cancel, retire everything, stop the control thread; ``shut_down`` follows."""
         if self._state in (RunState.CLOSING, RunState.CLOSED):
@@ -413,7 +407,7 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         if self._pending_load is not None:
             self._pending_load.cancel()
         self._submit(self._serving.stop_job)
-        self._submit(self._unload_job)
+        self._submit(self._pipelines.unload)
         self._thread.stop()
 
     # -- GUI-thread helpers -------------------------------------------------------------
@@ -422,11 +416,8 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         self._thread.submit(job)
 
     def _post(self, callback: Callable[[], None]) -> None:
-        """Run ``callback`` on the GUI thread (from any thread)."""
-        self._posted.emit(callback)
-
-    def _run_posted(self, callback: Callable[[], None]) -> None:
-        callback()
+        """Run ``callback`` on the GUI thread (from any thread): the bridge's one hop."""
+        self._hop.post(callback)
 
     def _set_state(self, state: RunState) -> None:
         if state is not self._state:
@@ -440,16 +431,25 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         """A studio log line from the control thread."""
         self._post(partial(self._studio_line, text))
 
+    def _post_log_line(self, line: LogLine) -> None:
+        """A runtime log record's line, from any thread."""
+        self._post(partial(self.log_line.emit, line))
+
+    def _machine_changed(self) -> None:
+        """The device selection changed: loaded stages go (unless busy) and plans follow."""
+        self._unload_if_idle()
+        self._replan()
+
     def _unload_if_idle(self) -> None:
         if self._state is RunState.LOADED:
             self._unload_then_ready()
         else:
             if self._state is RunState.READY and self._abandon_load():
                 self._studio_line("the stages being loaded were unloaded")
-            self._submit(self._unload_warm_job)
+            self._submit(self._pipelines.unload_warm)
 
     def _start_load(self, config: PipelineConfig) -> None:
-        pending = self._pending_load = _PendingLoad()
+        pending = self._pending_load = PendingLoad()
         self._submit(partial(self._load_job, config, pending))
 
     def _abandon_load(self) -> bool:
@@ -459,7 +459,7 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         if pending is None:
             return False
         pending.cancel()
-        self._submit(self._close_session_job)
+        self._submit(self._pipelines.close_open)
         return True
 
     def _show_load(self, view: LoadView | None) -> None:
@@ -469,7 +469,7 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
     def _unload_then_ready(self) -> None:
         self._loaded = False
         self._set_state(RunState.UNLOADING)
-        self._submit(self._unload_job)
+        self._submit(self._pipelines.unload)
         self._submit(lambda: self._post(self._unloaded))
 
     def _unloaded(self) -> None:
@@ -483,142 +483,60 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
     # -- control-thread jobs ------------------------------------------------------------
 
     def _open_job(self, path: Path) -> None:
-        assert self._ctl_topology is not None
+        topology, selection = self._machine.machine()
+        assert topology is not None
         try:
             if not is_manifest_path(path):
                 export_missing_voices(path, progress=self._post_studio_line)
                 # Offered first in the window; exported here only where no offer is made.
                 export_missing_recognisers(path, progress=self._post_studio_line)
-            opened = describe_pipeline(
-                path, self._ctl_topology, self._ctl_selection, self.ledger.snapshot()
-            )
+            opened = describe_pipeline(path, topology, selection, self.ledger.snapshot())
         except (OmniError, OSError, ValueError) as exc:
             self._post(partial(self._open_failed, exc))
             return
-        warm = self._warm.pop(opened.config.source, None)
-        if warm is not None and warm.orchestrator.config == opened.config and warm.usable():
-            self._session = warm
-            plan = warm.orchestrator.execution_plan
-            self._post(partial(self._opened, opened, plan))
+        warm = self._pipelines.reopen(opened.config)
+        if warm is not None:
+            self._post(partial(self._opened, opened, warm.orchestrator.execution_plan))
             return
-        if warm is not None:  # the file changed, or a worker of it was retired
-            warm.close()
         self._post(partial(self._opened, opened))
 
     def _plan_job(self, path: Path) -> None:
-        assert self._ctl_topology is not None
+        topology, selection = self._machine.machine()
+        assert topology is not None
         try:
-            plan = plan_pipeline(path, topology=self._ctl_topology, selection=self._ctl_selection)
+            plan = plan_pipeline(path, topology=topology, selection=selection)
         except (OmniError, OSError) as exc:
             self._post(partial(self.error.emit, error_info(exc)))
             return
         self._post(partial(self.plan_changed.emit, plan_view(plan, self.ledger.snapshot())))
 
-    def _load_job(self, config: PipelineConfig, pending: _PendingLoad) -> None:
-        events = EventBus()
-        detach = (
-            events.subscribe(self._on_runtime_event),
-            events.subscribe(partial(self._on_load_event, pending)),
-        )
-
-        def unsubscribe() -> None:
-            for undo in detach:
-                undo()
-
-        while True:
-            try:
-                # The ledger's capacities are the machine's (declared by the first load); the
-                # pipeline's own capacities are its ceiling, checked against its demands.
-                orchestrator = Orchestrator(
-                    config,
-                    ledger=self.ledger,
-                    events=events,
-                    topology=self._ctl_topology,
-                    selection=self._ctl_selection,
-                )
-                if not pending.attach(orchestrator):
-                    raise LoadCancelled(f"loading pipeline {config.pipeline} was cancelled")
-                try:
-                    orchestrator.start()
-                finally:
-                    pending.detach()
-            except AdmissionRefused as exc:
-                if exc.holders and self._warm:
-                    # Pipelines kept warm hold the memory: the oldest makes room.
-                    source, warm = next(iter(self._warm.items()))
-                    del self._warm[source]
-                    self._post_studio_line(
-                        f"unloading {warm.orchestrator.config.pipeline} to make room for "
-                        f"{config.pipeline} ({exc})"
-                    )
-                    warm.close()
-                    continue
-                unsubscribe()
-                self._post(partial(self._load_failed, pending, exc))
-                return
-            except Exception as exc:  # noqa: BLE001 - the GUI hears of any failure and recovers
-                unsubscribe()
-                self._post(partial(self._load_failed, pending, exc))
-                return
-            break
-        self._session = _Session(orchestrator, unsubscribe)
+    def _load_job(self, config: PipelineConfig, pending: PendingLoad) -> None:
+        try:
+            self._pipelines.load(config, pending)
+        except Exception as exc:  # noqa: BLE001 - the GUI hears of any failure and recovers
+            self._post(partial(self._load_failed, pending, exc))
+            return
         self._post(partial(self._after_load, pending))
 
     def _submit_job(self, request_input: object) -> None:
-        session = self._session
-        if session is None:
-            self._post(partial(self._request_failed, UsageError("the pipeline is not loaded")))
-            return
         try:
-            request = session.orchestrator.submit(request_input)
+            request = self._pipelines.submit(request_input)
         except OmniError as exc:
             self._post(partial(self._request_failed, exc))
             return
         self._post(partial(self._submitted, request))
 
     def _cancel_job(self, request_id: str) -> None:
-        session = self._session
-        if session is not None:
-            session.orchestrator.cancel(request_id, wait=True)
+        self._pipelines.cancel(request_id)
 
     def _settle_job(self, cancelled: bool, keep_after_cancel: bool = False) -> None:
-        """After a request: keep the stages warm when it completed or failed and they are all
-        usable; after a cancel (unless asked to keep them) or a retired worker unload them,
-        so nothing stays held."""
-        session = self._session
-        keep = session is not None and (not cancelled or keep_after_cancel) and session.usable()
-        if session is not None and not keep:
-            self._unload_job()
-        self._post(partial(self._settled, keep, cancelled))
-
-    def _unload_job(self) -> None:
-        """Unload the open pipeline and every one kept warm."""
-        session, self._session = self._session, None
-        if session is not None:
-            session.close()
-        self._unload_warm_job()
-
-    def _close_session_job(self) -> None:
-        """Close the open pipeline's stages (those of a load cancelled too late), not the warm."""
-        session, self._session = self._session, None
-        if session is not None:
-            session.close()
-
-    def _unload_warm_job(self) -> None:
-        warm, self._warm = list(self._warm.values()), {}
-        for session in warm:
-            session.close()
+        kept = self._pipelines.settle(cancelled=cancelled, keep_after_cancel=keep_after_cancel)
+        self._post(partial(self._settled, kept, cancelled))
 
     def _keep_warm_job(self) -> None:
         """Another pipeline is being opened: keep the loaded one warm, while it is usable."""
-        session, self._session = self._session, None
-        if session is None:
-            return
-        if not session.usable():
-            session.close()
-            return
-        self._warm[session.orchestrator.config.source] = session
-        self._post(partial(self.execution_changed.emit, None))
+        if self._pipelines.keep_warm():
+            self._post(partial(self.execution_changed.emit, None))
 
     # -- GUI-thread continuations ------------------------------------------------------
 
@@ -641,7 +559,7 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         self._set_state(RunState.READY if self._config is not None else RunState.EMPTY)
         self.error.emit(error_info(error))
 
-    def _load_failed(self, pending: _PendingLoad, error: BaseException) -> None:
+    def _load_failed(self, pending: PendingLoad, error: BaseException) -> None:
         if pending is not self._pending_load:
             return  # abandoned: its end is no news
         self._pending_load = None
@@ -662,7 +580,7 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
                 self._finish_run(RunOutcome(None, "failed", str(error)))
         self._set_state(RunState.READY)
 
-    def _after_load(self, pending: _PendingLoad) -> None:
+    def _after_load(self, pending: PendingLoad) -> None:
         if pending is not self._pending_load:
             return  # abandoned: the job submitted with the cancel closes what it loaded
         self._pending_load = None
@@ -711,7 +629,7 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
         def delivered(done: cf.Future[Any]) -> None:
             # A runtime thread: the audio goes to the player before the GUI hears of it.
             queued = sink is not None and queue_audio(sink, request_id, done)
-            self._stream_item.emit(request_id, done, time.monotonic(), queued)
+            self._post(partial(self._on_stream_item, request_id, done, time.monotonic(), queued))
 
         future.add_done_callback(delivered)
 
@@ -810,11 +728,11 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
     def _on_runtime_event(self, event: Event) -> None:
         self._post(partial(self._handle_event, event))
 
-    def _on_load_event(self, pending: _PendingLoad, event: Event) -> None:
+    def _on_load_event(self, pending: PendingLoad, event: Event) -> None:
         if isinstance(event, LOADING_EVENTS):
             self._post(partial(self._load_progressed, pending, event))
 
-    def _load_progressed(self, pending: _PendingLoad, event: Event) -> None:
+    def _load_progressed(self, pending: PendingLoad, event: Event) -> None:
         """A loading event (GUI thread); those of an abandoned load are dropped."""
         if pending is not self._pending_load:
             return
@@ -822,10 +740,14 @@ class RuntimeBridge(DeviceSelectionMixin, QObject):
             self._show_load(load_view(pending.progress.snapshot))
 
     def _on_ledger_event(self, event: LedgerEvent) -> None:
+        self._post(partial(self._ledger_changed, event, time.time()))
+
+    def _ledger_changed(self, event: LedgerEvent, at: float) -> None:
+        """A reservation was made or released (GUI thread)."""
         self.ledger_changed.emit(ledger_view(event.snapshot))
         if event.kind in ("quarantined", "resolved"):  # the badge counts what is quarantined
-            self._post(self._replan)
-        self.log_line.emit(LogLine(time.time(), "INFO", "ledger", f"{event.kind}: {event.detail}"))
+            self._replan()
+        self.log_line.emit(LogLine(at, "INFO", "ledger", f"{event.kind}: {event.detail}"))
 
     def _handle_event(self, event: Event) -> None:
         line = event_line(event)

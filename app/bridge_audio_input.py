@@ -1,22 +1,26 @@
 """The part of the bridge that records: one :class:`runtime.audio.AudioInput` at a time, read
-on a thread of its own, its level values and what it recorded sent to the GUI thread as Qt
-signals. The Devices panel's level meter listens to it (``monitor``), and Dictate records
-with it (``record``); neither waits on the device: start and stop return at once, and
-``stopped`` follows when the input is closed."""
+on a thread of its own, its level values and what it recorded carried to the GUI thread by the
+bridge's one hop and emitted there as Qt signals. The Devices panel's level meter listens to it
+(``monitor``), and Dictate records with it (``record``); neither waits on the device: start and
+stop return at once, and ``stopped`` follows when the input is closed."""
 
 from __future__ import annotations
 
 import threading
 import time
 from dataclasses import dataclass
-from typing import Final
+from functools import partial
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
-from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtCore import QObject, Signal
 
 from runtime.audio.devices import AudioDeviceError, list_input_devices, rescan_output_devices
 from runtime.audio.input import SPEECH_RATE, AudioInput
 from runtime.errors import OmniError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 __all__ = ["InputLevel", "InputRecorder", "Recording", "input_device_names"]
 
@@ -68,20 +72,21 @@ def input_device_names(*, rescan: bool = False) -> tuple[list[str], str | None]:
 
 
 class InputRecorder(QObject):
-    """Records or monitors one input device at a time on a thread of its own."""
+    """Records or monitors one input device at a time on a thread of its own; ``post`` (the
+    bridge's one hop) carries what that thread reports to the GUI thread."""
 
     level = Signal(object)  # InputLevel
     stopped = Signal(object)  # Recording
     running_changed = Signal(bool)
 
-    _finished = Signal(object)
-
-    def __init__(self, parent: QObject | None = None) -> None:
+    def __init__(
+        self, *, post: Callable[[Callable[[], None]], None], parent: QObject | None = None
+    ) -> None:
         super().__init__(parent)
+        self._post = post
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.keeping = False
-        self._finished.connect(self._on_finished, Qt.ConnectionType.QueuedConnection)
 
     @property
     def running(self) -> bool:
@@ -146,17 +151,16 @@ class InputRecorder(QObject):
                     if now - last_level >= LEVEL_INTERVAL_S:
                         last_level = now
                         value = source.level()
-                        self.level.emit(
-                            InputLevel(
-                                value.rms_dbfs, value.peak_dbfs, recorded / SPEECH_RATE, name
-                            )
+                        level = InputLevel(
+                            value.rms_dbfs, value.peak_dbfs, recorded / SPEECH_RATE, name
                         )
+                        self._post(partial(self.level.emit, level))
                     if keep and recorded >= MAX_RECORDING_S * SPEECH_RATE:
                         break
         except (OmniError, OSError) as exc:
             error = str(exc)
         samples = np.concatenate(kept) if kept else np.zeros(0, np.float32)
-        self._finished.emit(Recording(samples, SPEECH_RATE, name, error))
+        self._post(partial(self._on_finished, Recording(samples, SPEECH_RATE, name, error)))
 
     def _on_finished(self, recording: Recording) -> None:
         thread, self._thread = self._thread, None

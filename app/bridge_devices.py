@@ -1,17 +1,18 @@
-"""The device half of the studio's bridge: the machine's topology and the device selection.
+"""The device part of the studio's bridge: the machine's topology and the device selection.
 
-:class:`DeviceSelectionMixin` is part of :class:`app.bridge.RuntimeBridge` and keeps its
-rules: topologies are found and selections saved in control jobs, and what they produce
-reaches the GUI thread through the bridge's ``post`` and signals.
+:class:`MachineChoice` belongs to :class:`app.bridge.RuntimeBridge`: topologies are found and
+selections saved in the bridge's control jobs (``submit``), and what they produce reaches the
+GUI thread only through the bridge's one hop (``post``). It keeps two copies of the choice:
+the GUI thread's (what the Devices panel shows) and the control thread's (what loads use).
 """
 
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from app.models import ErrorInfo
-from app.presenters import error_info, toggled_selection, topology_view
+from app.presenters import error_info, ledger_view, toggled_selection, topology_view
 from runtime.devices import (
     DeviceSelection,
     discover_topology,
@@ -26,87 +27,98 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
-    from app.models import LedgerView, RunState
+    from app.models import LedgerView, TopologyView
     from runtime.devices import Topology
     from runtime.ledger import ResourceLedger
 
 
-class DeviceSelectionMixin:
-    """Allow and exclude devices, and choose this machine or a topology file."""
+class MachineChoice:
+    """Allow and exclude devices, and choose this machine or a topology file.
 
-    if TYPE_CHECKING:
-        # Provided by RuntimeBridge.
-        _topology: Topology | None
-        _selection: DeviceSelection
-        _selection_override: DeviceSelection | None
-        ledger: ResourceLedger
-        _ctl_topology: Topology | None
-        _ctl_selection: DeviceSelection
-        _state: RunState
-        error: Any
-        topology_changed: Any
-        ledger_changed: Any
+    ``submit`` runs a job on the control thread, ``post`` a callback on the GUI thread;
+    ``show_topology``, ``show_ledger`` and ``show_error`` hand values to the widgets (GUI
+    thread), ``line`` writes a studio log line (GUI thread) and ``changed`` tells the bridge
+    that plans and loaded stages no longer match the machine (GUI thread). ``selection``
+    fixes the selection (tests, the self-test) instead of reading the saved one.
+    """
 
-        def _submit(self, job: Callable[[], None]) -> None: ...
-        def _post(self, callback: Callable[[], None]) -> None: ...
-        def _unload_if_idle(self) -> None: ...
-        def _replan(self) -> None: ...
-        def _studio_line(self, text: str, level: str = "INFO") -> None: ...
-        def ledger_snapshot(self) -> LedgerView: ...
+    def __init__(
+        self,
+        *,
+        ledger: ResourceLedger,
+        submit: Callable[[Callable[[], None]], None],
+        post: Callable[[Callable[[], None]], None],
+        show_topology: Callable[[TopologyView], None],
+        show_ledger: Callable[[LedgerView], None],
+        show_error: Callable[[ErrorInfo], None],
+        line: Callable[[str], None],
+        changed: Callable[[], None],
+        selection: DeviceSelection | None = None,
+    ) -> None:
+        self._ledger = ledger
+        self._submit = submit
+        self._post = post
+        self._show_topology = show_topology
+        self._show_ledger = show_ledger
+        self._show_error = show_error
+        self._line = line
+        self._changed = changed
+        self._override = selection
+        # GUI-thread state.
+        self.topology: Topology | None = None
+        self.selection = selection if selection is not None else DeviceSelection()
+        # Control-thread state.
+        self._ctl_topology: Topology | None = None
+        self._ctl_selection = self.selection
 
-    def set_device_allowed(self, physical_id: str, allowed: bool) -> None:
-        """Allow or exclude one device; saved to the selection file the CLI reads."""
-        topology = self._topology
-        if topology is None:
-            return
-        try:
-            selection = toggled_selection(self._selection, topology, physical_id, allowed)
-        except UsageError as exc:
-            self.error.emit(error_info(exc))
-            return
-        self._apply_selection(selection)
-
-    def allow_all_devices(self) -> None:
-        self._apply_selection(DeviceSelection())
-
-    def set_topology_source(self, topology_file: Path | None) -> None:
-        """Use this machine (None) or a topology file for plans and runs."""
-        if self._state.busy:
-            return
-        self._unload_if_idle()
-        self._submit(partial(self._topology_job, topology_file))
-        self._replan()
+    def machine(self) -> tuple[Topology | None, DeviceSelection]:
+        """The topology and selection loads use (control thread)."""
+        return self._ctl_topology, self._ctl_selection
 
     # -- GUI thread --------------------------------------------------------------------
 
-    def _apply_selection(self, selection: DeviceSelection) -> None:
-        self._selection = selection
-        if self._topology is not None:
-            self.topology_changed.emit(topology_view(self._topology, selection, selection_path()))
-        self._submit(partial(self._selection_job, selection))
-        self._unload_if_idle()
-        self._replan()
+    def set_allowed(self, physical_id: str, allowed: bool) -> None:
+        """Allow or exclude one device; saved to the selection file the CLI reads."""
+        topology = self.topology
+        if topology is None:
+            return
+        try:
+            selection = toggled_selection(self.selection, topology, physical_id, allowed)
+        except UsageError as exc:
+            self._show_error(error_info(exc))
+            return
+        self.apply(selection)
 
-    def _topology_ready(self, topology: Topology, selection: DeviceSelection) -> None:
-        self._topology = topology
-        self._selection = selection
-        self.topology_changed.emit(topology_view(topology, selection, selection_path()))
-        self.ledger_changed.emit(self.ledger_snapshot())
+    def apply(self, selection: DeviceSelection) -> None:
+        self.selection = selection
+        if self.topology is not None:
+            self._show_topology(topology_view(self.topology, selection, selection_path()))
+        self._submit(partial(self._selection_job, selection))
+        self._changed()
+
+    def use(self, topology_file: Path | None) -> None:
+        """Find this machine (None) or read ``topology_file``; ``show_topology`` follows."""
+        self._submit(partial(self._topology_job, topology_file))
+
+    def _ready(self, topology: Topology, selection: DeviceSelection) -> None:
+        self.topology = topology
+        self.selection = selection
+        self._show_topology(topology_view(topology, selection, selection_path()))
+        self._show_ledger(ledger_view(self._ledger.snapshot()))
 
     # -- control thread ----------------------------------------------------------------
+
+    def _error(self, info: ErrorInfo) -> None:
+        self._post(partial(self._show_error, info))
 
     def _topology_job(self, topology_file: Path | None) -> None:
         try:
             topology = (
                 discover_topology() if topology_file is None else load_topology(topology_file)
             )
-            selection = (
-                self._selection_override
-                if self._selection_override is not None
-                else load_selection()
-            )
+            selection = self._override if self._override is not None else load_selection()
         except OmniError as exc:
-            self._post(partial(self.error.emit, error_info(exc)))
+            self._error(error_info(exc))
             if self._ctl_topology is not None:
                 return
             topology = discover_topology()
@@ -115,7 +127,7 @@ class DeviceSelectionMixin:
         self._ctl_selection = selection
         try:
             # The ledger holds this machine's memory (nothing is loaded when it changes).
-            self.ledger.replace_capacities(
+            self._ledger.replace_capacities(
                 {
                     name: info.capacity
                     for name, info in topology.constraints.items()
@@ -123,18 +135,16 @@ class DeviceSelectionMixin:
                 }
             )
         except AdmissionRefused as exc:  # what stays quarantined exceeds the new machine
-            self._post(partial(self.error.emit, error_info(exc)))
-        self._post(partial(self._topology_ready, topology, selection))
+            self._error(error_info(exc))
+        self._post(partial(self._ready, topology, selection))
 
     def _selection_job(self, selection: DeviceSelection) -> None:
         self._ctl_selection = selection
-        if self._selection_override is None:
+        if self._override is None:
             try:
                 file = save_selection(selection)
             except OSError as exc:
                 message = f"cannot save the device selection to {selection_path()}: {exc}"
-                self._post(
-                    partial(self.error.emit, ErrorInfo("Device selection not saved", message))
-                )
+                self._error(ErrorInfo("Device selection not saved", message))
                 return
-            self._post(partial(self._studio_line, f"device selection saved to {file}"))
+            self._post(partial(self._line, f"device selection saved to {file}"))

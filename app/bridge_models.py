@@ -2,8 +2,8 @@
 
 :class:`ModelImports` runs :func:`runtime.model_import.import_model` on a thread of its own
 (never the bridge's control thread, whose jobs a minute-long conversion would hold up, and
-never the GUI thread) and turns its progress lines and its outcome into Qt signals, which Qt
-queues onto the GUI thread: the one hop into the GUI, as for the rest of the bridge.
+never the GUI thread) and hands its progress lines and its outcome to the GUI thread through
+the bridge's one hop (``post``), where they are emitted as Qt signals.
 
 Cancel is cooperative. The import reports each step through its progress callback; once
 Cancel is pressed the callback raises, and the import removes what it had begun (its
@@ -21,7 +21,7 @@ import threading
 from functools import partial
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QObject, Qt, QThread, Signal
+from PySide6.QtCore import QObject, QThread, Signal
 
 from app.my_pipelines import ImportRequest, JobOutcome, entry_of, pipelines_root, remove_entry
 from runtime.errors import OmniError
@@ -53,20 +53,21 @@ class WorkThread(QThread):
 class CancellableJobs(QObject):
     """One long job at a time on a :class:`WorkThread`, cancelled cooperatively: the job's
     progress callback raises :class:`Cancelled` once :meth:`cancel` was called. The job ends by
-    emitting ``_done`` with its JobOutcome; :meth:`_on_done` (GUI thread) reaps the thread and
-    emits ``busy_changed`` and ``finished``."""
+    posting its JobOutcome (:meth:`_done`); :meth:`_on_done` (GUI thread) reaps the thread and
+    emits ``busy_changed`` and ``finished``. Every signal is emitted on the GUI thread:
+    ``post`` (the bridge's one hop) carries what the job's thread reports there."""
 
     progress = Signal(str)
     finished = Signal(object)  # JobOutcome
     busy_changed = Signal(bool)
 
-    _done = Signal(object)
-
-    def __init__(self, parent: QObject | None = None) -> None:
+    def __init__(
+        self, *, post: Callable[[Callable[[], None]], None], parent: QObject | None = None
+    ) -> None:
         super().__init__(parent)
+        self._post = post
         self._thread: WorkThread | None = None
         self._cancel = threading.Event()
-        self._done.connect(self._on_done, Qt.ConnectionType.QueuedConnection)
 
     @property
     def busy(self) -> bool:
@@ -98,9 +99,13 @@ class CancellableJobs(QObject):
         def progress(line: str) -> None:
             if cancel.is_set():
                 raise Cancelled
-            self.progress.emit(line)
+            self._post(partial(self.progress.emit, line))
 
         return progress
+
+    def _done(self, outcome: JobOutcome) -> None:
+        """The job's last act (its thread): the outcome goes to the GUI thread."""
+        self._post(partial(self._on_done, outcome))
 
     def _settled(self, outcome: JobOutcome) -> JobOutcome:
         """What a finished job reports (subclasses may change it); on the GUI thread."""
@@ -109,7 +114,7 @@ class CancellableJobs(QObject):
     def _on_done(self, outcome: JobOutcome) -> None:
         thread, self._thread = self._thread, None
         if thread is not None:
-            thread.wait()  # run() has returned or is returning: this emit was its last act
+            thread.wait()  # run() has returned or is returning: this post was its last act
             thread.deleteLater()
         outcome = self._settled(outcome)
         self.busy_changed.emit(False)
@@ -127,11 +132,12 @@ class ModelImports(CancellableJobs):
     def __init__(
         self,
         *,
+        post: Callable[[Callable[[], None]], None],
         root: Path | None = None,
         python: Path | None = None,
         parent: QObject | None = None,
     ) -> None:
-        super().__init__(parent)
+        super().__init__(post=post, parent=parent)
         self.root = root
         self.python = python
 
@@ -166,7 +172,7 @@ class ModelImports(CancellableJobs):
             outcome = JobOutcome("failed", f"{type(exc).__name__}: {exc}")
         else:
             outcome = JobOutcome("made", f"made {made.pipeline}", entry_of(made))
-        self._done.emit(outcome)
+        self._done(outcome)
 
     # -- GUI thread ------------------------------------------------------------------------
 

@@ -2,7 +2,9 @@
 environment of its language-model stage (:func:`runtime.envs.create_env`), the built-in
 assistant's converted model (:func:`runtime.models.smollm2.ensure_smollm2_model`) and the
 built-in speech recogniser's bundles
-(:func:`runtime.adapters.whisper_export.ensure_whisper_bundles`), on a thread of its own, with progress lines and the step count as Qt signals (the one hop into the GUI).
+(:func:`runtime.adapters.whisper_export.ensure_whisper_bundles`), on a thread of its own, with
+progress lines and the step count as Qt signals, carried to the GUI thread by the bridge's one
+hop.
 
 Cancel is cooperative, as for imports (:mod:`app.bridge_models`): the progress callback raises
 once Cancel is pressed. Making an environment reports every line its steps print, so Cancel
@@ -54,12 +56,13 @@ class SetupJobs(CancellableJobs):
     def __init__(
         self,
         *,
+        post: Callable[[Callable[[], None]], None],
         env_root: Path | None = None,
         recipes: Mapping[str, EnvRecipe] = RECIPES,
         model_dir: Path | None = None,
         parent: QObject | None = None,
     ) -> None:
-        super().__init__(parent)
+        super().__init__(post=post, parent=parent)
         self.env_root = env_root
         self.recipes = recipes
         self.model_dir = model_dir
@@ -77,12 +80,12 @@ class SetupJobs(CancellableJobs):
             report(line)
             found = STEP_LINE.match(line)
             if found is not None:
-                self.step.emit(int(found.group(1)) - 1)
+                self._step(int(found.group(1)) - 1)
 
         try:
             for done, name in enumerate(needs.recognisers, start=1):
                 ensure_whisper_bundles(name, progress=progress)
-                self.step.emit(done)
+                self._step(done)
             if needs.env:
                 self._make_env_and_model(needs, progress)
         except Cancelled:
@@ -99,16 +102,19 @@ class SetupJobs(CancellableJobs):
                 )
             else:
                 outcome = JobOutcome("made", "ready to run")
-        self._done.emit(outcome)
+        self._done(outcome)
+
+    def _step(self, done: int) -> None:
+        self._post(partial(self.step.emit, done))
 
     def _make_env_and_model(self, needs: SetupNeeds, progress: Callable[[str], None]) -> None:
         if needs.create_env:
             python = create_env(
                 needs.env, progress=progress, root=self.env_root, recipes=self.recipes
             ).python
-            self.step.emit(needs.env_steps)
+            self._step(needs.env_steps)
         else:
             python = env_python(needs.env, root=self.env_root)
         if needs.model is not None:
             ensure_smollm2_model(python, out_dir=self.model_dir, progress=progress)
-            self.step.emit(needs.steps)
+            self._step(needs.steps)

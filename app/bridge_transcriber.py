@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
-from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtCore import QObject, Signal
 
 from app.control import ControlThread
 from runtime.errors import OmniError
@@ -45,29 +45,33 @@ class Transcription:
 
 
 class Transcriber(QObject):
-    """Transcribes recorded audio with ``pipeline`` (transcribe.yaml), one at a time."""
+    """Transcribes recorded audio with ``pipeline`` (transcribe.yaml), one at a time.
+
+    ``start`` loads a pipeline beside the open one, ``machine`` gives the topology and device
+    selection to load it on (GUI thread), and ``post`` (the bridge's one hop) carries each
+    transcription to the GUI thread."""
 
     transcribed = Signal(object)  # Transcription
     busy_changed = Signal(bool)
     closed = Signal()
 
-    _posted = Signal(object)
-
     def __init__(
         self,
         pipeline: Path,
+        *,
         start: Callable[[Path, Topology | None, DeviceSelection], Loaded],
         machine: Callable[[], tuple[Topology | None, DeviceSelection]],
+        post: Callable[[Callable[[], None]], None],
         parent: QObject | None = None,
     ) -> None:
         super().__init__(parent)
         self.pipeline = pipeline
         self._start = start
         self._machine = machine
+        self._post = post
         self._omni: Loaded | None = None  # control thread only
         self._pending = 0
         self._closing = False
-        self._posted.connect(lambda callback: callback(), Qt.ConnectionType.QueuedConnection)
         self._thread = ControlThread(self, lambda exc: None)
         self._thread.setObjectName("omni-studio-transcriber")
         self._thread.finished.connect(self.closed)
@@ -128,7 +132,7 @@ class Transcriber(QObject):
             result = Transcription(text, seconds)
         except (OmniError, OSError) as exc:
             result = Transcription("", seconds, str(exc))
-        self._posted.emit(partial(self._done, result))
+        self._post(partial(self._done, result))
 
     def _close_job(self) -> None:
         omni, self._omni = self._omni, None

@@ -1,5 +1,6 @@
-"""The plumbing the bridge runs on: the thread that makes its blocking runtime calls, and the
-handler that forwards log records. Neither knows the runtime; :mod:`app.bridge` owns both."""
+"""The plumbing the bridge runs on: the one hop into the GUI thread, the thread that makes its
+blocking runtime calls, and the handler that forwards log records. None knows the runtime;
+:mod:`app.bridge` owns them all."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import logging
 import queue
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QObject, QThread
+from PySide6.QtCore import QObject, Qt, QThread, Signal
 
 from app.models import LogLine
 
@@ -15,6 +16,25 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
 log = logging.getLogger("omni.studio.bridge")
+
+
+class GuiHop(QObject):
+    """The studio's one hop into the GUI thread: :meth:`post` queues a callback (from any
+    thread) that Qt runs on the GUI thread, in posting order. Every part of the bridge reaches
+    the GUI through it, so what the runtime's threads report arrives in the order it happened."""
+
+    _posted = Signal(object)
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._posted.connect(self._run, Qt.ConnectionType.QueuedConnection)
+
+    def post(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on the GUI thread (from any thread, never waits)."""
+        self._posted.emit(callback)
+
+    def _run(self, callback: Callable[[], None]) -> None:
+        callback()
 
 
 class ControlThread(QThread):

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Protocol
 from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QMessageBox, QWidget
 
-from app.bridge_models import ModelImports
 from app.models import ErrorInfo, RunState
 from app.my_pipelines import MyPipeline, my_pipelines, remove_entry
 from app.widgets.add_model import AddModelDialog
@@ -58,7 +57,8 @@ class MyPipelinesHook(QObject):
         self.widget = parent
         self.window = window
         self.root = root
-        self.imports = ModelImports(root=root, parent=self)
+        self.imports = window.bridge.imports
+        self.imports.root = root
         self.dialog: AddModelDialog | None = None
         self.entries: list[MyPipeline] = []
         self._close_pending = False

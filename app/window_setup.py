@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Protocol
 
 from PySide6.QtCore import QObject, Signal
 
-from app.bridge_setup import SetupJobs
 from app.first_use import SetupNeeds, recogniser_needs, setup_needs
 from app.models import RunState
 from app.widgets.setup_offer import SetupDialog
@@ -49,7 +48,7 @@ class FirstUseHook(QObject):
         self.widget = parent
         self.window = window
         self.offers = True
-        self.jobs = SetupJobs(parent=self)
+        self.jobs = window.bridge.setup_jobs
         self.dialog: SetupDialog | None = None
         self._close_pending = False
 

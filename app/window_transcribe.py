@@ -22,8 +22,7 @@ from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QFileDialog, QWidget
 
-from app.bridge_audio_input import InputRecorder, Recording, input_device_names
-from app.bridge_transcriber import Transcriber, Transcription
+from app.bridge_audio_input import Recording, input_device_names
 from app.demos import assets_dir
 from app.models import ErrorInfo, InputKind, PipelineInfo, RunOutcome
 from app.presenters import RUN_IN_PROGRESS
@@ -35,6 +34,7 @@ if TYPE_CHECKING:
 
     from app.bridge import RuntimeBridge
     from app.bridge_audio_input import InputLevel
+    from app.bridge_transcriber import Transcriber, Transcription
     from app.settings import StudioSettings
     from app.widgets.banner import ErrorBanner
     from app.widgets.chat import ChatView
@@ -97,7 +97,7 @@ class TranscribeHook(QObject):
         #: The file transcribed last (Run transcribes it again).
         self.source: Path | None = None
         self._reader: threading.Thread | None = None
-        self.recorder = InputRecorder(self)
+        self.recorder = window.bridge.recorder
         self.transcriber: Transcriber | None = None
         self._transcriber_closed = False
         self._record_after_stop = False
@@ -310,13 +310,7 @@ class TranscribeHook(QObject):
 
     def _ensure_transcriber(self) -> Transcriber:
         if self.transcriber is None:
-            bridge = self.window.bridge
-            self.transcriber = Transcriber(
-                self.pipeline_path(),
-                bridge.start_beside,
-                lambda: (bridge.topology, bridge.selection),
-                parent=self,
-            )
+            self.transcriber = self.window.bridge.transcriber(self.pipeline_path())
             self.transcriber.transcribed.connect(self._on_transcribed)
             self.transcriber.closed.connect(self._on_transcriber_closed)
         return self.transcriber
