@@ -44,7 +44,13 @@ from app.models import (
     TranscriptSegment,
 )
 from runtime.artifacts import inspect_bundle, load_example_inputs
-from runtime.config import GraphBackendConfig, LlmBackendConfig, load_pipeline
+from runtime.config import (
+    GraphBackendConfig,
+    LlmBackendConfig,
+    RemoteLlmRoute,
+    RouteConfig,
+    load_pipeline,
+)
 from runtime.devices import DISCOVERED, DeviceSelection
 from runtime.errors import (
     AdmissionRefused,
@@ -83,10 +89,10 @@ if TYPE_CHECKING:
     import concurrent.futures as cf
 
     from runtime.artifacts import BundleReport
-    from runtime.config import PipelineConfig
+    from runtime.config import BackendConfig, PipelineConfig
     from runtime.devices import Topology
     from runtime.ledger import LedgerSnapshot
-    from runtime.planning import PipelinePlan
+    from runtime.planning import PipelinePlan, StagePlan
     from runtime.records import ExecutionPlan, StageRecord
 
 #: What a text pipeline offers to say when its adapter names no example.
@@ -231,24 +237,34 @@ def with_quarantine(view: PlanView, snapshot: LedgerSnapshot) -> PlanView:
     return replace(view, budget=tuple(rows), refusals=tuple(refusals), admitted=admitted)
 
 
+def _stage_plan_view(stage: StagePlan, backend: BackendConfig) -> StagePlanView:
+    """A planned stage's row: its route read from the stage's configuration."""
+    route = backend.route
+    if isinstance(route, RemoteLlmRoute):
+        # A server elsewhere: named by its URL, with no provider or domain here.
+        names = (route.url, "", "")
+    else:
+        names = (route.name, route.ep, route.os_domain)
+    graph = route if isinstance(route, RouteConfig) else None
+    return StagePlanView(
+        name=stage.name,
+        backend=stage.backend,
+        route=names[0],
+        ep=names[1],
+        os_domain=names[2],
+        device=stage.device,
+        demands=dict(stage.demands),
+        allowed_providers=() if graph is None else graph.allowed_providers,
+        min_fraction_on_target=1.0 if graph is None else graph.min_fraction_on_target,
+    )
+
+
 def _plan_view(plan: PipelinePlan) -> PlanView:
+    backends = {stage.name: stage.backend for stage in plan.config.stages}
     return PlanView(
         admitted=plan.admitted,
         topology=plan.topology.source,
-        stages=tuple(
-            StagePlanView(
-                name=stage.name,
-                backend=stage.backend,
-                route=str(stage.route.get("name", "")),
-                ep=str(stage.route.get("ep", "")),
-                os_domain=str(stage.route.get("os_domain", "")),
-                device=stage.device,
-                demands=dict(stage.demands),
-                allowed_providers=tuple(stage.route.get("allowed_providers", ())),
-                min_fraction_on_target=float(stage.route.get("min_fraction_on_target", 1.0)),
-            )
-            for stage in plan.stages
-        ),
+        stages=tuple(_stage_plan_view(stage, backends[stage.name]) for stage in plan.stages),
         budget=tuple(
             BudgetRow(
                 constraint=row.constraint,
