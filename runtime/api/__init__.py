@@ -10,11 +10,13 @@ from runtime.api.omni import AsyncOmni, Omni
 from runtime.api.session import PipelineSession, ProgramOptions, RequestHandle, SessionHealth
 from runtime.engine.orchestrator import LoadCancelled, loading_stages
 from runtime.engine.outputs import AUDIO_KEYS, AudioChunk, OmniRequestOutput
+from runtime.records import ExecutionPlan, StageRecord
 
 __all__ = [
     "AUDIO_KEYS",
     "AsyncOmni",
     "AudioChunk",
+    "ExecutionPlan",
     "LoadCancelled",
     "Omni",
     "OmniRequestOutput",
@@ -22,5 +24,6 @@ __all__ = [
     "ProgramOptions",
     "RequestHandle",
     "SessionHealth",
+    "StageRecord",
     "loading_stages",
 ]

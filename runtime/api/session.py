@@ -160,10 +160,9 @@ class PipelineSession:
         )
 
     def _model_dir(self) -> Path | None:
-        plan: Any = self._orchestrator.execution_plan
-        document = plan.to_json() if hasattr(plan, "to_json") else plan
-        for stage in document.get("stages", ()):
-            model_dir = stage.get("model_dir") if isinstance(stage, dict) else None
+        for record in self._orchestrator.execution_plan.stages:
+            # A language-model stage's record names its model folder (others name none).
+            model_dir = record.to_json().get("model_dir")
             if isinstance(model_dir, str):
                 return Path(model_dir)
         return None
@@ -229,6 +228,11 @@ class PipelineSession:
         return self._orchestrator.metrics()
 
     # -- requests ----------------------------------------------------------------------
+
+    def prepare(self, inputs: Any) -> Any:
+        """What :meth:`submit` makes of ``inputs``, before anything loads: bad input is refused
+        here (a speech pipeline's unspeakable text); the result may be submitted as it is."""
+        return self._orchestrator.program.prepare(inputs)
 
     def submit(
         self, inputs: Any = None, *, request_id: str | None = None, streaming: bool = False
@@ -374,8 +378,10 @@ class RequestHandle:
         """Cancel the request; False when it already finished."""
         return self._orchestrator.cancel(self._request.request_id, wait=wait)
 
-    def close(self, *, wait: bool = False) -> None:
-        """Cancel the request unless it ended (without ``wait``, never blocks); idempotent."""
-        if not self._settled():
-            self._ended = True
-            self._orchestrator.cancel(self._request.request_id, wait=wait)
+    def close(self, *, wait: bool = False) -> bool:
+        """Cancel the request unless it ended (without ``wait``, never blocks); idempotent.
+        True when this call cancelled it (a server then looks for a retired stage)."""
+        if self._settled():
+            return False
+        self._ended = True
+        return self._orchestrator.cancel(self._request.request_id, wait=wait)
