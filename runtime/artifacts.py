@@ -18,8 +18,9 @@ import posixpath
 import re
 import shutil
 import stat
+import time
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
@@ -114,6 +115,24 @@ def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
     return _hash_and_size(path, chunk_size)[0]
 
 
+#: What a file's stat says of its identity and last change: device, inode, size, mtime, ctime.
+FileStamp = tuple[int, int, int, int, int]
+#: The coarsest file-system clock tick a change time may fall in (FAT's two seconds).
+STAMP_GRANULARITY_S: Final = 2.0
+
+
+def _stamp_of(info: os.stat_result) -> FileStamp:
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+def _stamp(path: Path) -> FileStamp | None:
+    """``path``'s stamp (following symlinks), None when it cannot be read."""
+    try:
+        return _stamp_of(path.resolve().stat())
+    except (OSError, RuntimeError):
+        return None
+
+
 def _hash_and_size(path: Path, chunk_size: int = 1 << 20) -> tuple[str, int]:
     digest = hashlib.sha256()
     buffer = bytearray(chunk_size)
@@ -179,6 +198,8 @@ class FileCheck:
     size: int | None = None
     #: Why an ``unreadable`` file could not be read (the OS error).
     detail: str | None = None
+    #: The file's stat when it was hashed (see :meth:`BundleReport.unchanged`).
+    stamp: FileStamp | None = field(default=None, compare=False, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -203,10 +224,32 @@ class BundleReport:
     manifest: ArtifactManifest | None
     files: tuple[FileCheck, ...]
     errors: tuple[VerificationError, ...]
+    #: The manifest's stat before it was read (see :meth:`unchanged`).
+    manifest_stamp: FileStamp | None = field(default=None, compare=False, repr=False)
+    #: The wall-clock time (ns) the checks began, before any file was read.
+    checked_ns: int = field(default=0, compare=False, repr=False)
 
     @property
     def ok(self) -> bool:
         return self.manifest is not None and not self.errors
+
+    def unchanged(self) -> bool:
+        """Whether the manifest and every checked file still have the stat they had when they
+        were read (device, inode, size, modification and change times), so that the report
+        may stand for hashing them again. A write since changes the change time, unless it
+        fell in the same tick of the file system's clock as the change before the check: a
+        file changed less than :data:`STAMP_GRANULARITY_S` before the check is never taken
+        as unchanged. A worker hashes the bytes it loads whatever this says."""
+        settled = self.checked_ns - int(STAMP_GRANULARITY_S * 1e9)
+        root = self.manifest_path.parent.resolve()
+        stamped = [(self.manifest_path, self.manifest_stamp)]
+        stamped += [
+            (root.joinpath(*PurePosixPath(check.name).parts), check.stamp) for check in self.files
+        ]
+        for path, stamp in stamped:
+            if stamp is None or max(stamp[3], stamp[4]) > settled or _stamp(path) != stamp:
+                return False
+        return True
 
     def verified(self) -> VerifiedBundle:
         """The bundle as :func:`verify_bundle` gives it, from this report's checks (no file is
@@ -241,6 +284,8 @@ class BundleReport:
 def inspect_bundle(manifest_path: str | Path) -> BundleReport:
     """Check a bundle completely and report every problem; never raises for bundle problems."""
     path = _manifest_file(manifest_path)
+    checked_ns = time.time_ns()
+    stamp = _stamp(path)  # before reading: a later change makes the report stale, never wrong
     manifest: ArtifactManifest | None = None
     files: list[FileCheck] = []
     errors: list[VerificationError] = []
@@ -252,7 +297,12 @@ def inspect_bundle(manifest_path: str | Path) -> BundleReport:
         else:
             errors.append(item)
     return BundleReport(
-        manifest_path=path, manifest=manifest, files=tuple(files), errors=tuple(errors)
+        manifest_path=path,
+        manifest=manifest,
+        files=tuple(files),
+        errors=tuple(errors),
+        manifest_stamp=stamp,
+        checked_ns=checked_ns,
     )
 
 
@@ -375,7 +425,7 @@ def _check_file(
     except (OSError, RuntimeError) as exc:
         return FileCheck(name, expected, FILE_UNREADABLE, detail=str(exc))
     status = FILE_OK if actual == expected else FILE_HASH_MISMATCH
-    return FileCheck(name, expected, status, actual_sha256=actual, size=size)
+    return FileCheck(name, expected, status, actual_sha256=actual, size=size, stamp=_stamp_of(info))
 
 
 def _listed_case_status(

@@ -132,8 +132,8 @@ class StageRuntime:
         self.clients: list[StageClient] = []
         self._plan: PlanReservation | None = None
         #: An earlier admission of this pipeline (``plan``, the studio's description): its
-        #: sound bundles are taken as verified instead of hashed again (the worker still
-        #: checks the bytes it loads against the manifest).
+        #: sound bundles whose files are unchanged since are not hashed again (the worker
+        #: still checks the bytes it loads against the manifest).
         self._prior = resolution
 
     # -- resolve (no process, no reservation) ------------------------------------------
@@ -160,7 +160,11 @@ class StageRuntime:
             env_dir=self.env_dir,
             bundles=None
             if prior is None
-            else {path: report for path, report in prior.bundles.items() if report.ok},
+            else {
+                path: report
+                for path, report in prior.bundles.items()
+                if report.ok and report.unchanged()
+            },
         )
         if found.machine is not None:
             self.topology = found.machine

@@ -4,6 +4,7 @@ once and each bundle hashed once, and loading what was described hashes nothing 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,19 @@ def _count(monkeypatch: pytest.MonkeyPatch) -> tuple[Counter[Path], Counter[str]
     return hashed, parsed
 
 
+def _settle(folder: Path) -> None:
+    """Wait until every file under ``folder`` last changed more than the file system's clock
+    tick ago (a report of files changed more recently never stands for hashing them)."""
+    newest = max(
+        max(path.stat().st_mtime_ns, path.stat().st_ctime_ns)
+        for path in folder.rglob("*")
+        if path.is_file()
+    )
+    wait = newest / 1e9 + runtime.artifacts.STAMP_GRANULARITY_S + 0.05 - time.time()
+    if wait > 0:
+        time.sleep(wait)
+
+
 def _bundle_files(manifest: Path) -> set[Path]:
     bundle = runtime.artifacts.verify_bundle(manifest)
     return {bundle.path(name).resolve() for name in bundle.manifest.files}
@@ -49,6 +63,7 @@ def test_describing_then_loading_hashes_each_bundle_once_and_parses_once(
 ) -> None:
     topology = discover_topology()
     path = demo_root / opened
+    _settle(demo_root / "bundles")
     hashed, parsed = _count(monkeypatch)
     described = describe_pipeline(path, topology, DeviceSelection())
     assert described.plan is not None

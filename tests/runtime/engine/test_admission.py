@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import os
 import shutil
+import time
 from collections import Counter
 from pathlib import Path
 from types import MappingProxyType
@@ -274,6 +275,19 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> tuple[Counter[Path], Counter[s
     return hashed, parsed
 
 
+def settle(folder: Path) -> None:
+    """Wait until every file under ``folder`` last changed more than the file system's clock
+    tick ago: only then may a report of it stand for hashing it again."""
+    newest = max(
+        max(path.stat().st_mtime_ns, path.stat().st_ctime_ns)
+        for path in folder.rglob("*")
+        if path.is_file()
+    )
+    wait = newest / 1e9 + runtime.artifacts.STAMP_GRANULARITY_S + 0.05 - time.time()
+    if wait > 0:
+        time.sleep(wait)
+
+
 def _listed_files(config: Any) -> set[Path]:
     files: set[Path] = set()
     for stage in config.stages:
@@ -290,6 +304,7 @@ def test_plan_then_load_hashes_each_bundle_file_once(
     path = demo_root / "pipelines" / "mlp-chain.yaml"
     expected = _listed_files(load_pipeline(path))
     assert len(expected) >= 4  # two bundles, each with its graph and example inputs
+    settle(demo_root / "bundles")
     hashed, parsed = _counting(monkeypatch)
     config = load_pipeline(path)
     plan = plan_pipeline(config, topology=machine, selection=DeviceSelection())
@@ -360,3 +375,64 @@ def test_usage_error_of_a_missing_remote_module_is_a_route_refusal(
     (refusal,) = resolution.refusals
     assert (refusal.kind, type(refusal.error)) == ("route", UsageError)
     assert "runtime.no_such_module, which this installation does not have" in refusal.text
+
+
+@pytest.mark.parametrize("change", ["same bytes", "other bytes"])
+def test_a_bundle_written_after_plan_is_hashed_again_when_loading(
+    change: str, demo_root: Path, tmp_path: Path, machine: Topology, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runtime.planning import plan_pipeline
+
+    manifest = _copy_bundle(demo_root, tmp_path)
+    path = _graph(tmp_path, manifest)
+    settle(manifest.parent)
+    plan = plan_pipeline(path, topology=machine, selection=DeviceSelection())
+    assert plan.admitted
+    npz = manifest.parent / "inputs.npz"
+    data = npz.read_bytes()
+    files = _listed_files(plan.config)
+    npz.write_bytes(data if change == "same bytes" else data[:-1] + bytes([data[-1] ^ 1]))
+    hashed, _parsed = _counting(monkeypatch)
+    case = Case(path, machine, DeviceSelection())
+    ledger = ResourceLedger(name="admission")
+    if change == "same bytes":
+        started: list[int] = []
+        prior = {"resolution": plan.resolution}
+        _load(
+            plan.config, case, ledger, lambda stages: started.append(len(stages.clients)), **prior
+        )
+        assert started == [1]
+        # The bundle with the written file is verified again, each of its files once.
+        assert {file.resolve() for file in hashed} == files
+        assert set(hashed.values()) == {1}
+        return
+    with pytest.raises(VerificationError) as caught:
+        _load(plan.config, case, ledger, resolution=plan.resolution)
+    again = plan_pipeline(path, topology=machine, selection=DeviceSelection())
+    assert str(caught.value) == again.refused[0].message
+    assert "hash_mismatch" == caught.value.code
+    assert not ledger.snapshot().reservations
+
+
+def test_a_bundle_changed_moments_before_plan_is_hashed_again_when_loading(
+    demo_root: Path, tmp_path: Path, machine: Topology, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A change in the same tick of the file system's clock as a later one would leave the
+    stat alike: a report of files changed that recently never stands for hashing them."""
+    from runtime.planning import plan_pipeline
+
+    manifest = _copy_bundle(demo_root, tmp_path)
+    path = _graph(tmp_path, manifest)
+    plan = plan_pipeline(path, topology=machine, selection=DeviceSelection())
+    assert plan.admitted
+    (report,) = plan.resolution.bundles.values() if plan.resolution else ()
+    assert not report.unchanged()
+    hashed, _parsed = _counting(monkeypatch)
+    started: list[int] = []
+    case = Case(path, machine, DeviceSelection())
+    prior = {"resolution": plan.resolution}
+    ledger = ResourceLedger(name="admission")
+    _load(plan.config, case, ledger, lambda stages: started.append(len(stages.clients)), **prior)
+    assert started == [1]
+    assert set(hashed.values()) == {1}
+    assert len(hashed) == len(report.files)
