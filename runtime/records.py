@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
+    from pathlib import Path
 
 __all__ = [
     "BACKEND_LABEL",
@@ -124,6 +125,11 @@ class StageDetail(Protocol):
     @property
     def usable(self) -> bool: ...
 
+    @property
+    def model_dir(self) -> Path | None:
+        """The model folder a language-model stage loaded (None for other stages)."""
+        ...
+
     def to_json(self) -> dict[str, Any]: ...
 
 
@@ -171,6 +177,10 @@ class StageRecord:
     def usable(self) -> bool:
         """False once the stage failed or was retired (a record without detail is usable)."""
         return True if self.detail is None else self.detail.usable
+
+    @property
+    def model_dir(self) -> Path | None:
+        return None if self.detail is None else self.detail.model_dir
 
     def to_json(self) -> dict[str, Any]:
         extra = {} if self.detail is None else self.detail.to_json()

@@ -162,9 +162,8 @@ class PipelineSession:
     def _model_dir(self) -> Path | None:
         for record in self._orchestrator.execution_plan.stages:
             # A language-model stage's record names its model folder (others name none).
-            model_dir = record.to_json().get("model_dir")
-            if isinstance(model_dir, str):
-                return Path(model_dir)
+            if record.model_dir is not None:
+                return record.model_dir
         return None
 
     # -- lifecycle ---------------------------------------------------------------------

@@ -154,6 +154,11 @@ class GraphStageDetail:
         return self.spec.route.name
 
     @property
+    def model_dir(self) -> None:
+        """A graph stage loads a bundle (its manifest is in the record), not a model folder."""
+        return None
+
+    @property
     def ep(self) -> str:
         return self.spec.route.ep
 

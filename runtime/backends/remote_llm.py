@@ -227,6 +227,7 @@ class RemoteStageDetail:
     load_s: ClassVar[None] = None
     warmup_s: ClassVar[None] = None
     worker_rss_bytes: ClassVar[None] = None
+    model_dir: ClassVar[None] = None
 
     def to_json(self) -> dict[str, Any]:
         endpoint = self.endpoint

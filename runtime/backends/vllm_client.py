@@ -178,6 +178,10 @@ class VllmStageDetail:
         return ""
 
     @property
+    def model_dir(self) -> Path:
+        return self.spec.model_dir
+
+    @property
     def ep(self) -> str:
         return self.spec.route.ep
 

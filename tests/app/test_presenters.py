@@ -72,6 +72,7 @@ class _GraphLikeDetail:
     warmup_s: float | None = None
     worker_rss_bytes: int | None = None
     usable: bool = True
+    model_dir: None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"route": {"name": self.route_name, "ep": self.ep}}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import FrozenInstanceError, dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,6 +31,7 @@ class _Detail:
     warmup_s: float | None = None
     worker_rss_bytes: int | None = None
     usable: bool = True
+    model_dir: Path | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -49,7 +51,7 @@ def _plan() -> ExecutionPlan:
         stages=(
             StageRecord("acoustic", "external.graph.v1", _Detail(worker, reservation)),
             StageRecord("vocoder", "external.graph.v1", _Detail(in_process)),
-            StageRecord("remote", "native.vllm.v1", _Detail(None, load_s=None)),
+            StageRecord("llm", "native.vllm.v1", _Detail(None, model_dir=Path("/models/tiny"))),
             StageRecord("scripted", "scripted"),
         ),
     )
@@ -60,7 +62,7 @@ def test_the_plans_json_is_the_execution_plan_document() -> None:
     assert list(document) == ["pipeline", "label", "label_meaning", "source", "stages"]
     assert (document["label"], document["label_meaning"]) == (BACKEND_LABEL, BACKEND_LABEL_MEANING)
     assert document["source"] == "/pipelines/speak.yaml"
-    acoustic, vocoder, remote, scripted = document["stages"]
+    acoustic, vocoder, llm, scripted = document["stages"]
     assert acoustic == {
         "stage": "acoustic",
         "backend": "external.graph.v1",
@@ -69,7 +71,7 @@ def test_the_plans_json_is_the_execution_plan_document() -> None:
         "load_s": 0.25,
     }
     assert vocoder["worker"] == {"pid": 7, "generation": 1, "argv": [], "in_process": True}
-    assert remote["worker"] is None
+    assert llm["worker"] is None
     assert scripted == {"stage": "scripted", "backend": "scripted"}
 
 
@@ -80,8 +82,9 @@ def test_a_record_answers_the_common_fields_from_its_detail_or_as_empty() -> Non
     assert (acoustic.worker.pid, acoustic.route_name, acoustic.ep) == (41, "local-cpu", "cpu")
     assert acoustic.reservation == ReservationRecord("r-1", {"machine:ram": 512})
     assert acoustic.load_s == 0.25
+    assert (acoustic.model_dir, plan.stage("llm").model_dir) == (None, Path("/models/tiny"))
     bare = plan.stage("scripted")
-    assert (bare.worker, bare.reservation, bare.placement, bare.load_s) == (None,) * 4
+    assert (bare.worker, bare.reservation, bare.placement, bare.model_dir) == (None,) * 4
     assert (bare.route_name, bare.ep, bare.usable) == ("", "", True)
 
 

@@ -133,6 +133,10 @@ def test_requests_before_start_are_refused(model_dir: Path) -> None:
     assert client.max_num_seqs == 8
     assert ledger.snapshot().is_empty
     assert client.record().to_json()["reservation"] is None
+    # What the studio and the server read: the model folder, no worker's figures yet.
+    record = client.record()
+    assert (record.model_dir, record.load_s, record.worker_rss_bytes) == (model_dir, None, None)
+    assert (record.ep, record.usable, record.placement) == ("cpu", False, None)
 
 
 def test_engine_floor_counts_weights_and_kv_cache(model_dir: Path) -> None:
