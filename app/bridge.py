@@ -30,11 +30,13 @@ run one at a time in submission order.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+import numpy as np
 from PySide6.QtCore import QObject, Signal
 
 from app.bridge_audio_input import InputRecorder
@@ -70,12 +72,10 @@ from app.presenters import (
     ledger_view,
     load_view,
     plan_view,
-    queue_audio,
 )
 from runtime.adapters.whisper_export import export_missing_recognisers
-from runtime.api import Omni
+from runtime.api import OmniRequestOutput, PipelineSession
 from runtime.devices import DeviceSelection
-from runtime.engine.outputs import END, OmniRequestOutput
 from runtime.errors import ModelError, OmniError, RequestCancelled
 from runtime.events import (
     Event,
@@ -95,13 +95,11 @@ from runtime.pipeline_files import export_missing_voices, is_manifest_path
 from runtime.planning import plan_pipeline
 
 if TYPE_CHECKING:
-    import concurrent.futures as cf
     from collections.abc import Callable
 
+    from runtime.api import ExecutionPlan, RequestHandle
     from runtime.config import PipelineConfig
     from runtime.devices import Topology
-    from runtime.engine.orchestrator import Request
-    from runtime.records import ExecutionPlan
 
 #: Loggers whose records the Log panel shows (runtime, workers' stderr, the ledger).
 FORWARDED_LOGGERS = ("omni", "runtime")
@@ -168,7 +166,9 @@ class RuntimeBridge(QObject):
         self._info: PipelineInfo | None = None
         self._config: PipelineConfig | None = None
         self._loaded = False
-        self._request: Request | None = None
+        self._request: RequestHandle | None = None
+        #: The threads reading requests' outputs (each ends with its request).
+        self._readers: list[threading.Thread] = []
         self._metrics = RunMetrics()
         self._cancel_after_load = self._keep_after_cancel = False
         #: The load under way (GUI thread), and the request waiting for it.
@@ -256,12 +256,18 @@ class RuntimeBridge(QObject):
 
     def start_beside(
         self, path: Path, topology: Topology | None, selection: DeviceSelection
-    ) -> Omni:
-        """Start the pipeline ``path`` beside the open one, on the studio's ledger, so the two
+    ) -> PipelineSession:
+        """Load the pipeline ``path`` beside the open one, on the studio's ledger, so the two
         share the machine's memory (blocks while it loads: call it off the GUI thread, as the
         dictation's transcriber does). A recogniser it names is exported first when missing."""
         export_missing_recognisers(path, progress=self._post_studio_line)
-        return Omni(path, ledger=self.ledger, topology=topology, selection=selection)
+        session = PipelineSession(path, ledger=self.ledger, topology=topology, selection=selection)
+        try:
+            session.load()
+        except BaseException:
+            session.close()
+            raise
+        return session
 
     def transcriber(self, pipeline: Path) -> Transcriber:
         """The dictation's transcriber, made on first use with ``pipeline`` (transcribe.yaml):
@@ -496,7 +502,7 @@ class RuntimeBridge(QObject):
             return
         warm = self._pipelines.reopen(opened.config)
         if warm is not None:
-            self._post(partial(self._opened, opened, warm.orchestrator.execution_plan))
+            self._post(partial(self._opened, opened, warm.session.execution_plan))
             return
         self._post(partial(self._opened, opened))
 
@@ -600,13 +606,13 @@ class RuntimeBridge(QObject):
         self._set_state(RunState.RUNNING)
         self._submit(partial(self._submit_job, request_input))
 
-    def _submitted(self, request: Request) -> None:
-        self._request = request
-        self._metrics.submitted(request.request_id, time.monotonic())
-        self.run_started.emit(request.request_id)
+    def _submitted(self, handle: RequestHandle) -> None:
+        self._request = handle
+        self._metrics.submitted(handle.request_id, time.monotonic())
+        self.run_started.emit(handle.request_id)
         if self._cancel_after_load and self._state is RunState.CANCELLING:
-            self._submit(partial(self._cancel_job, request.request_id))
-        self._watch(request, first=True)
+            self._submit(partial(self._cancel_job, handle.request_id))
+        self._watch(handle)
 
     def _request_failed(self, error: OmniError) -> None:
         if self._state in (RunState.CLOSING, RunState.CLOSED):
@@ -619,43 +625,54 @@ class RuntimeBridge(QObject):
         """Queue each run's audio on ``sink`` as it arrives, off the GUI thread (GUI thread)."""
         self._audio_sink = sink
 
-    def _watch(self, request: Request, *, first: bool = False) -> None:
-        request_id = request.request_id
+    def _watch(self, handle: RequestHandle) -> None:
+        """Read ``handle``'s outputs on a thread of its own until the request ends."""
         sink = self._audio_sink
-        if first and sink is not None:
-            sink.begin(request_id)
-        future = request.stream.next_future()
+        if sink is not None:
+            sink.begin(handle.request_id)
+        self._readers = [reader for reader in self._readers if reader.is_alive()]
+        reader = threading.Thread(
+            target=self._read_outputs, args=(handle, sink), name="omni-studio-outputs"
+        )
+        self._readers.append(reader)
+        reader.start()
 
-        def delivered(done: cf.Future[Any]) -> None:
-            # A runtime thread: the audio goes to the player before the GUI hears of it.
-            queued = sink is not None and queue_audio(sink, request_id, done)
-            self._post(partial(self._on_stream_item, request_id, done, time.monotonic(), queued))
+    def _read_outputs(self, handle: RequestHandle, sink: AudioSink | None) -> None:
+        """The reader's thread: each output's audio goes to the player before the GUI hears
+        of it; the GUI acknowledges each output once shown. Ends with the request."""
+        request_id = handle.request_id
+        while True:
+            try:
+                output = handle.next()
+            except RequestCancelled as exc:
+                self._post(partial(self._stream_ended, request_id, "cancelled", exc))
+                return
+            except Exception as exc:  # noqa: BLE001 - the request's error, shown by the GUI
+                self._post(partial(self._stream_ended, request_id, "failed", exc))
+                return
+            if output is None:
+                self._post(partial(self._stream_ended, request_id, "completed", None))
+                return
+            queued = sink is not None and _queue_audio(sink, request_id, output)
+            self._post(partial(self._on_output, handle, output, time.monotonic(), queued))
 
-        future.add_done_callback(delivered)
-
-    def _on_stream_item(
-        self, request_id: str, future: cf.Future[object], at: float, queued: bool
+    def _on_output(
+        self, handle: RequestHandle, output: OmniRequestOutput, at: float, queued: bool
     ) -> None:
-        item = future.result()
+        try:
+            if self._request is handle:
+                self._deliver(output, at, queued)
+        finally:
+            handle.acknowledge(output)
+
+    def _stream_ended(self, request_id: str, status: str, error: Exception | None) -> None:
         request = self._request
         if request is None or request.request_id != request_id:
-            if isinstance(item, OmniRequestOutput):
-                item.release_stage_buffers()
             return
-        if isinstance(item, OmniRequestOutput):
-            try:
-                self._deliver(item, at, queued)
-            finally:
-                item.release_stage_buffers()
-            self._watch(request)
-        elif item is END:
-            self._request_ended(RunOutcome(request_id, "completed"))
-        elif isinstance(item, RequestCancelled):
-            self._request_ended(RunOutcome(request_id, "cancelled", str(item)))
-        elif isinstance(item, BaseException):
-            if self._state not in (RunState.CLOSING, RunState.CLOSED):
-                self.error.emit(error_info(item))
-            self._request_ended(RunOutcome(request_id, "failed", str(item)))
+        if status == "failed" and self._state not in (RunState.CLOSING, RunState.CLOSED):
+            assert error is not None
+            self.error.emit(error_info(error))
+        self._request_ended(RunOutcome(request_id, status, "" if error is None else str(error)))
 
     def _deliver(self, output: OmniRequestOutput, at: float, queued: bool = False) -> None:
         try:
@@ -716,6 +733,10 @@ class RuntimeBridge(QObject):
         self._unload_then_ready()
 
     def _on_thread_finished(self) -> None:
+        # Every session is closed by now, so every request has ended and its reader with it.
+        readers, self._readers = self._readers, []
+        for reader in readers:
+            reader.join(timeout=10)
         self._unsubscribe_ledger()
         self._detach_logs()
         self._loaded = False
@@ -764,3 +785,18 @@ class RuntimeBridge(QObject):
             self.execution_changed.emit(execution_view(event.execution_plan))
         elif isinstance(event, PipelineClosed):
             self.execution_changed.emit(None)
+
+
+def _queue_audio(sink: AudioSink, request_id: str, output: OmniRequestOutput) -> bool:
+    """Feed an output's audio to ``sink`` on the thread that read it; True when fed."""
+    try:
+        audio = output.audio
+    except ModelError:
+        return False  # the GUI reports it when it turns the output into values
+    if audio is None or not audio.pcm.size:
+        return False
+    try:
+        sink.feed(np.array(audio.pcm, dtype=np.float32), audio.sample_rate, request_id=request_id)
+    except ValueError:
+        return False  # a chunk at another rate: the GUI reports it
+    return True

@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from runtime.engine.orchestrator import LoadCancelled, Orchestrator
+from runtime.api import LoadCancelled, PipelineSession
 from runtime.errors import AdmissionRefused, UsageError
 from runtime.events import EventBus, LoadProgress
 
@@ -20,9 +20,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
+    from runtime.api import RequestHandle
     from runtime.config import PipelineConfig
     from runtime.devices import DeviceSelection, Topology
-    from runtime.engine.orchestrator import Request
     from runtime.events import Event
     from runtime.ledger import ResourceLedger
 
@@ -35,50 +35,49 @@ class PendingLoad:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._orchestrator: Orchestrator | None = None
+        self._session: PipelineSession | None = None
         self.cancelled = False
         #: What the GUI thread has seen of it (GUI thread only).
         self.progress = LoadProgress()
 
-    def attach(self, orchestrator: Orchestrator) -> bool:
-        """The orchestrator about to start (control thread); False once cancelled."""
+    def attach(self, session: PipelineSession) -> bool:
+        """The session about to load (control thread); False once cancelled."""
         with self._lock:
             if self.cancelled:
                 return False
-            self._orchestrator = orchestrator
+            self._session = session
             return True
 
     def detach(self) -> None:
         with self._lock:
-            self._orchestrator = None
+            self._session = None
 
     def cancel(self) -> None:
         """Stop the load (any thread, never waits); the control thread unwinds it."""
         with self._lock:
             self.cancelled = True
-            orchestrator = self._orchestrator
-        if orchestrator is not None:
-            orchestrator.cancel_start()
+            session = self._session
+        if session is not None:
+            session.cancel_load()
 
 
 @dataclass
 class LoadedPipeline:
-    """One loaded pipeline and what undoes its event subscriptions."""
+    """One loaded pipeline's session and what undoes its event subscriptions."""
 
-    orchestrator: Orchestrator
+    session: PipelineSession
     unsubscribe: Callable[[], None]
 
     @property
     def config(self) -> PipelineConfig:
-        return self.orchestrator.config
+        return self.session.config
 
     def usable(self) -> bool:
-        clients = getattr(self.orchestrator, "clients", [])
-        return self.orchestrator.running and all(getattr(c, "usable", True) for c in clients)
+        return self.session.usable
 
     def close(self) -> None:
         try:
-            self.orchestrator.close()
+            self.session.close()
         finally:
             self.unsubscribe()
 
@@ -128,17 +127,17 @@ class LoadedPipelines:
             try:
                 # The ledger's capacities are the machine's (declared by the first load); the
                 # pipeline's own capacities are its ceiling, checked against its demands.
-                orchestrator = Orchestrator(
+                session = PipelineSession(
                     config,
                     ledger=self._ledger,
                     events=events,
                     topology=topology,
                     selection=selection,
                 )
-                if not pending.attach(orchestrator):
+                if not pending.attach(session):
                     raise LoadCancelled(f"loading pipeline {config.pipeline} was cancelled")
                 try:
-                    orchestrator.start()
+                    session.load()
                 finally:
                     pending.detach()
             except AdmissionRefused as exc:
@@ -158,7 +157,7 @@ class LoadedPipelines:
                 unsubscribe()
                 raise
             break
-        self.open = LoadedPipeline(orchestrator, unsubscribe)
+        self.open = LoadedPipeline(session, unsubscribe)
 
     def reopen(self, config: PipelineConfig) -> LoadedPipeline | None:
         """Make the warm pipeline of ``config``'s file the open one again, if it is still
@@ -171,16 +170,16 @@ class LoadedPipelines:
             warm.close()
         return None
 
-    def submit(self, request_input: object) -> Request:
+    def submit(self, request_input: object) -> RequestHandle:
         loaded = self.open
         if loaded is None:
             raise UsageError("the pipeline is not loaded")
-        return loaded.orchestrator.submit(request_input)
+        return loaded.session.submit(request_input)
 
     def cancel(self, request_id: str) -> None:
         loaded = self.open
         if loaded is not None:
-            loaded.orchestrator.cancel(request_id, wait=True)
+            loaded.session.cancel(request_id, wait=True)
 
     def settle(self, *, cancelled: bool, keep_after_cancel: bool) -> bool:
         """After a request: keep the stages warm when it completed or failed and they are all

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Signal
 
@@ -17,22 +17,15 @@ from app.control import ControlThread
 from runtime.errors import OmniError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
     from pathlib import Path
 
     import numpy as np
 
+    from runtime.api import PipelineSession
     from runtime.devices import DeviceSelection, Topology
 
-__all__ = ["Loaded", "Transcriber", "Transcription"]
-
-
-class Loaded(Protocol):
-    """A pipeline started beside the open one (``RuntimeBridge.start_beside``)."""
-
-    def generate(self, inputs: Any = None, *, request_id: str | None = None) -> Iterator[Any]: ...
-
-    def close(self) -> None: ...
+__all__ = ["Transcriber", "Transcription"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +52,7 @@ class Transcriber(QObject):
         self,
         pipeline: Path,
         *,
-        start: Callable[[Path, Topology | None, DeviceSelection], Loaded],
+        start: Callable[[Path, Topology | None, DeviceSelection], PipelineSession],
         machine: Callable[[], tuple[Topology | None, DeviceSelection]],
         post: Callable[[Callable[[], None]], None],
         parent: QObject | None = None,
@@ -69,7 +62,7 @@ class Transcriber(QObject):
         self._start = start
         self._machine = machine
         self._post = post
-        self._omni: Loaded | None = None  # control thread only
+        self._session: PipelineSession | None = None  # control thread only
         self._pending = 0
         self._closing = False
         self._thread = ControlThread(self, lambda exc: None)
@@ -123,10 +116,10 @@ class Transcriber(QObject):
         try:
             if self._closing:
                 raise OmniError("the studio is closing")
-            if self._omni is None:
-                self._omni = self._start(self.pipeline, topology, selection)
+            if self._session is None:
+                self._session = self._start(self.pipeline, topology, selection)
             text = ""
-            for output in self._omni.generate({"audio": samples, "sample_rate": sample_rate}):
+            for output in self._session.submit({"audio": samples, "sample_rate": sample_rate}):
                 if output.finished:
                     text = (output.text or "").strip()
             result = Transcription(text, seconds)
@@ -135,9 +128,9 @@ class Transcriber(QObject):
         self._post(partial(self._done, result))
 
     def _close_job(self) -> None:
-        omni, self._omni = self._omni, None
-        if omni is not None:
-            omni.close()
+        session, self._session = self._session, None
+        if session is not None:
+            session.close()
 
     def _done(self, result: Transcription) -> None:
         self._pending -= 1

@@ -1,5 +1,5 @@
 """Guards of the studio's rules: the thread-leak check works, the Qt binding keeps reference
-counts, and only the bridge talks to the runtime's engine."""
+counts, and only the bridge talks to the runtime's engine, through the session."""
 
 from __future__ import annotations
 
@@ -84,27 +84,19 @@ def _runtime_imports(path: Path) -> set[str]:
     return {name for name in names if name.startswith("runtime")}
 
 
-#: The engine modules the presenters may read: values, nothing that runs the engine.
-ENGINE_VALUES = {"runtime.engine.outputs"}
-
-
-def test_only_the_bridge_imports_the_runtime_engine() -> None:
+def test_the_studio_reaches_the_engine_only_through_the_bridges_session() -> None:
+    """No studio module imports the engine; only the bridge's parts import the session."""
     offenders = {}
     for path in sorted(APP.rglob("*.py")):
-        if path.name == "bridge.py":
-            continue
-        engine = {
-            name
-            for name in _runtime_imports(path)
-            if name.startswith(("runtime.engine", "runtime.api"))
-        }
-        if path.name == "presenters.py":
-            assert engine == ENGINE_VALUES  # it reads outputs (events live in runtime.events)
-            engine -= ENGINE_VALUES
+        names = _runtime_imports(path)
+        engine = {name for name in names if name.startswith("runtime.engine")}
+        if not path.name.startswith("bridge"):
+            engine |= {name for name in names if name.startswith("runtime.api")}
         if engine:
             offenders[str(path.relative_to(APP.parent))] = sorted(engine)
     assert offenders == {}
-    assert {"runtime.events", "runtime.engine.orchestrator"} <= _runtime_imports(APP / "bridge.py")
+    assert "runtime.api" in _runtime_imports(APP / "bridge_pipelines.py")
+    assert "runtime.events" in _runtime_imports(APP / "bridge.py")
 
 
 def test_widgets_do_not_subscribe_to_runtime_callbacks() -> None:
