@@ -52,6 +52,7 @@ from runtime.errors import ConfigError, ModelError, UsageError
 
 if TYPE_CHECKING:
     from runtime.config import PipelineConfig
+    from runtime.engine.inputs import InputStream
     from runtime.engine.program import RequestContext
 
 __all__ = [
@@ -523,6 +524,8 @@ class VadAdapter:
 
     input_kind: Final = "tensors"
     kind: Final = "vad"
+    #: A streaming request is fed 1-D float32 chunks at 16 kHz, each scored as it arrives.
+    streams_input: Final = True
 
     def __init__(self, config: PipelineConfig, options: Mapping[str, Any]) -> None:
         from runtime.artifacts import verify_bundle
@@ -581,6 +584,21 @@ class VadAdapter:
             f"{where}: a request of type {type(request_input).__name__} is not audio; "
             f"accepted: {_ACCEPTED}"
         )
+
+    def prepare_chunk(self, chunk: Any) -> np.ndarray:
+        """One chunk of a streaming request: 1-D float32 samples at 16 kHz (copied, so the
+        caller may reuse its buffer)."""
+        array = np.asarray(chunk)
+        if array.ndim != 1 or array.dtype != np.float32:
+            raise UsageError(
+                f"pipeline {self.config.pipeline}: a chunk of dtype {array.dtype} and shape "
+                f"{array.shape}; accepted: 1-D float32 samples at {SAMPLE_RATE} Hz"
+            )
+        return array.copy()
+
+    async def run_streaming(self, ctx: RequestContext, chunks: InputStream) -> None:
+        """The chunks fed after the start, scored as they arrive (a live source)."""
+        await self.run(ctx, _Live(chunks))
 
     async def run(self, ctx: RequestContext, prepared: _Clip | _Live) -> None:
         stage = ctx.stage_name(0)

@@ -55,15 +55,18 @@ from runtime.adapters.whisper_mel import (
     FRAMES_PER_WINDOW,
     HOP_LENGTH,
     SAMPLE_RATE,
+    PreparedAudio,
     log_mel,
     window_features,
 )
+from runtime.adapters.whisper_stream import FeatureStream
 from runtime.config import GraphBackendConfig
 from runtime.errors import ConfigError, ModelError, UsageError
 from runtime.pipeline_input import AUDIO_INPUT
 
 if TYPE_CHECKING:
     from runtime.config import PipelineConfig
+    from runtime.engine.inputs import InputStream
     from runtime.engine.program import RequestContext
 
 __all__ = [
@@ -152,18 +155,6 @@ class TranscribeOptions:
         return cls(model, float(limit), condition)
 
 
-@dataclass(frozen=True, slots=True)
-class PreparedAudio:
-    """A request's audio at 16 kHz mono and its log-mel features ``[80, frames]``."""
-
-    samples: int
-    features: np.ndarray
-
-    @property
-    def seconds(self) -> float:
-        return self.samples / SAMPLE_RATE
-
-
 def to_mono_16k(audio: object, sample_rate: object) -> np.ndarray:
     """``audio`` (1-D or ``[samples, channels]``; float or int16/int32 PCM) at ``sample_rate``
     -> 16 kHz mono float32 (channels averaged, soxr); AudioInputError otherwise."""
@@ -235,6 +226,8 @@ class TranscribeAdapter:
 
     input_kind: Final = AUDIO_INPUT
     kind: Final = "transcribe"
+    #: A streaming request is fed 16 kHz PCM as it comes; its features are computed on arrival.
+    streams_input: Final = True
 
     def __init__(self, config: PipelineConfig, options: Mapping[str, Any]) -> None:
         source = str(config.source) if config.source is not None else None
@@ -293,6 +286,49 @@ class TranscribeAdapter:
                 code="too_long",
             )
         return PreparedAudio(audio.size, log_mel(audio, self.bundles.n_mels))
+
+    def prepare_chunk(self, chunk: object) -> np.ndarray:
+        """One chunk of a streaming request: samples at 16 kHz (1-D, or [samples, channels];
+        float or int16/int32 PCM), or ``{"audio": samples, "sample_rate": 16000}`` -> 16 kHz
+        mono float32 (a copy); AudioInputError otherwise."""
+        audio, rate = chunk, SAMPLE_RATE
+        if isinstance(chunk, Mapping):
+            if set(map(str, chunk)) != {"audio", "sample_rate"}:
+                raise AudioInputError(
+                    f"pipeline {self.config.pipeline}: a chunk with keys "
+                    f"{sorted(map(str, chunk))}; accepted: samples at {SAMPLE_RATE} Hz or "
+                    f"{{'audio': samples, 'sample_rate': {SAMPLE_RATE}}}",
+                    code="not_audio",
+                )
+            audio, rate = chunk["audio"], chunk["sample_rate"]
+        if rate != SAMPLE_RATE:
+            raise AudioInputError(
+                f"pipeline {self.config.pipeline}: a chunk at {rate!r} Hz; accepted: "
+                f"{SAMPLE_RATE} Hz (a stream is not resampled)",
+                code="bad_rate",
+            )
+        if isinstance(audio, np.ndarray) and audio.size == 0:
+            return np.zeros(0, np.float32)
+        return np.array(to_mono_16k(audio, SAMPLE_RATE), dtype=np.float32, copy=True)
+
+    async def run_streaming(self, ctx: RequestContext, chunks: InputStream) -> None:
+        """Features computed as the chunks arrive; the transcript once the input ends."""
+        features = FeatureStream(self.bundles.n_mels)
+        async for chunk in chunks:
+            features.feed(chunk)
+            if features.seconds > self.options.max_audio_s:
+                raise AudioInputError(
+                    f"the audio fed reached {features.seconds:.1f} s; accepted: at most "
+                    f"{self.options.max_audio_s:g} s (adapter.options.max_audio_s)",
+                    code="too_long",
+                )
+        if features.samples == 0:
+            raise AudioInputError(
+                f"pipeline {self.config.pipeline}: the streaming request ended with no audio; "
+                "accepted: at least one sample fed before end_input()",
+                code="empty",
+            )
+        await self.run(ctx, features.finish())
 
     async def run(self, ctx: RequestContext, prepared: PreparedAudio) -> None:
         bundles = self.bundles

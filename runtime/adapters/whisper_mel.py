@@ -12,6 +12,7 @@ memory of its features (32 KB a second) and one block, not of its whole spectrum
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
@@ -22,6 +23,7 @@ __all__ = [
     "HOP_LENGTH",
     "N_FFT",
     "SAMPLE_RATE",
+    "PreparedAudio",
     "log_mel",
     "mel_filters",
     "window_features",
@@ -35,6 +37,18 @@ FRAMES_PER_WINDOW: Final = 3000
 #: Frames whose spectrum :func:`log_mel` computes at once (a minute of audio).
 BLOCK_FRAMES: Final = 6000
 _PADDING: Final = 160
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedAudio:
+    """A request's audio at 16 kHz mono and its log-mel features ``[80, frames]``."""
+
+    samples: int
+    features: np.ndarray
+
+    @property
+    def seconds(self) -> float:
+        return self.samples / SAMPLE_RATE
 
 
 @functools.cache

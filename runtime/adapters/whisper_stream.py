@@ -17,13 +17,20 @@ from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
-from runtime.adapters.whisper import PreparedAudio
-from runtime.adapters.whisper_mel import BLOCK_FRAMES, HOP_LENGTH, N_FFT, log_mel, mel_filters
+from runtime.adapters.whisper_mel import (
+    BLOCK_FRAMES,
+    HOP_LENGTH,
+    N_FFT,
+    SAMPLE_RATE,
+    PreparedAudio,
+    log_mel,
+    mel_filters,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-__all__ = ["prepare_stream"]
+__all__ = ["FeatureStream", "prepare_stream"]
 
 _HALF: Final = N_FFT // 2
 _PADDING: Final = 160
@@ -87,6 +94,56 @@ class _Spectrum:
         return out
 
 
+class FeatureStream:
+    """Log-mel features of 16 kHz mono float32 blocks, computed as the blocks arrive (one
+    batch of spectrum whenever a batch's samples are in); :meth:`finish` pads the end and
+    normalises, giving :class:`PreparedAudio` equal to the adapter's for the joined audio."""
+
+    def __init__(self, n_mels: int = 80) -> None:
+        self.n_mels = n_mels
+        self._spectrum = _Spectrum(n_mels)
+        self._head: list[np.ndarray] = []
+        self._head_size = 0
+        self._tail = np.zeros(0, dtype=np.float32)
+        self._started = False
+        #: Samples fed so far.
+        self.samples = 0
+
+    @property
+    def seconds(self) -> float:
+        return self.samples / SAMPLE_RATE
+
+    def feed(self, block: np.ndarray) -> None:
+        samples = np.asarray(block, dtype=np.float32).reshape(-1)
+        self.samples += samples.size
+        if not self._started:
+            self._head.append(samples)
+            self._head_size += samples.size
+            if self._head_size >= _SHORT:
+                joined = np.concatenate(self._head)
+                self._head = []
+                # Reflect padding at the start: the samples after the first, mirrored.
+                self._spectrum.feed(np.concatenate((joined[_HALF:0:-1], joined)))
+                self._tail = joined[-(_HALF + 1) :]
+                self._started = True
+        elif samples.size:
+            self._spectrum.feed(samples)
+            self._tail = np.concatenate((self._tail, samples))[-(_HALF + 1) :]
+
+    def finish(self) -> PreparedAudio:
+        """The features of everything fed; ValueError when nothing was."""
+        if not self._started:
+            if self._head_size == 0:
+                raise ValueError("the audio stream held no samples")
+            audio = np.concatenate(self._head)
+            return PreparedAudio(audio.size, log_mel(audio, self.n_mels))
+        # Whisper's 160 zeros at the end, then reflect padding of the padded waveform's end.
+        end = np.concatenate((self._tail, np.zeros(_PADDING, dtype=np.float32)))
+        self._spectrum.feed(np.zeros(_PADDING, dtype=np.float32))
+        self._spectrum.feed(np.ascontiguousarray(end[-2 : -(_HALF + 2) : -1]), last=True)
+        return PreparedAudio(self.samples, self._spectrum.features())
+
+
 def prepare_stream(
     blocks: Iterable[np.ndarray],
     n_mels: int = 80,
@@ -96,37 +153,9 @@ def prepare_stream(
     """16 kHz mono float32 ``blocks`` -> :class:`PreparedAudio` equal to the adapter's for the
     joined audio (see the module). ``on_block`` is told the samples seen so far after each
     block (for progress). An empty stream is a ValueError; readers refuse one first."""
-    spectrum = _Spectrum(n_mels)
-    head: list[np.ndarray] = []
-    head_size = 0
-    total = 0
-    tail = np.zeros(0, dtype=np.float32)
-    started = False
+    stream = FeatureStream(n_mels)
     for block in blocks:
-        samples = np.asarray(block, dtype=np.float32).reshape(-1)
-        total += samples.size
-        if not started:
-            head.append(samples)
-            head_size += samples.size
-            if head_size >= _SHORT:
-                joined = np.concatenate(head)
-                head = []
-                # Reflect padding at the start: the samples after the first, mirrored.
-                spectrum.feed(np.concatenate((joined[_HALF:0:-1], joined)))
-                tail = joined[-(_HALF + 1) :]
-                started = True
-        elif samples.size:
-            spectrum.feed(samples)
-            tail = np.concatenate((tail, samples))[-(_HALF + 1) :]
+        stream.feed(block)
         if on_block is not None:
-            on_block(total)
-    if not started:
-        if head_size == 0:
-            raise ValueError("the audio stream held no samples")
-        audio = np.concatenate(head)
-        return PreparedAudio(audio.size, log_mel(audio, n_mels))
-    # Whisper's 160 zeros at the end, then reflect padding of the padded waveform's end.
-    end = np.concatenate((tail, np.zeros(_PADDING, dtype=np.float32)))
-    spectrum.feed(np.zeros(_PADDING, dtype=np.float32))
-    spectrum.feed(np.ascontiguousarray(end[-2 : -(_HALF + 2) : -1]), last=True)
-    return PreparedAudio(total, spectrum.features())
+            on_block(stream.samples)
+    return stream.finish()
