@@ -33,9 +33,9 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable
 
+    from .api import OmniRequestOutput
     from .chat import ChatMessage
     from .config import PipelineConfig
-    from .engine.outputs import OmniRequestOutput
 
 
 def _load_npz(path: str, what: str) -> dict[str, Any]:
@@ -257,10 +257,9 @@ def _run_text(
 ) -> int:
     """``run --text`` / ``--chat``: stream the text to stdout as it arrives; write or play the
     audio. With ``--chat`` and ``--out``, the conversation with the reply is written too."""
-    from .api import Omni
+    from .api import AudioChunk, Omni
     from .audio import AudioPlayer, WavWriter
     from .contracts import new_request_id
-    from .engine.outputs import AudioChunk
     from .errors import UsageError
 
     out = Path(args.out) if args.out else None

@@ -17,8 +17,8 @@ from .errors import EXIT_INTERRUPTED, EXIT_OK
 if TYPE_CHECKING:
     import argparse
 
+    from .api import OmniRequestOutput
     from .config import PipelineConfig
-    from .engine.outputs import OmniRequestOutput
 
 
 def _speak_config(args: argparse.Namespace) -> PipelineConfig:
@@ -57,10 +57,7 @@ def cmd_speak(args: argparse.Namespace) -> int:
     import time
 
     from .adapters.speak import speak_interruptibly
-    from .adapters.tts import SpeechAdapter
-    from .api import Omni
-    from .engine.outputs import AudioChunk
-    from .engine.program import load_program
+    from .api import AudioChunk, Omni, PipelineSession
     from .errors import UsageError
 
     out = Path(args.out) if args.out else None
@@ -79,15 +76,16 @@ def cmd_speak(args: argparse.Namespace) -> int:
         # A missing or unknown output is reported before anything loads.
         resolve_output_device(device)
     config = _speak_config(args)
-    program = load_program(config)
-    if not isinstance(program, SpeechAdapter):
+    # Nothing loads here: the session only reads the pipeline and makes its program.
+    speech = PipelineSession(config)
+    if speech.kind != "speech":
         raise UsageError(
             f"pipeline {config.pipeline} cannot speak; accepted: a pipeline whose adapter is "
             "runtime.adapters.tts:SpeechAdapter (e.g. assets/pipelines/speak.yaml)"
         )
     # Unspeakable text is refused here, before any stage starts.
     started = time.perf_counter()
-    plan = program.prepare(args.text)
+    plan = speech.prepare(args.text)
     preparation_s = time.perf_counter() - started
     heard: list[bool] = []
 

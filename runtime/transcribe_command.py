@@ -200,44 +200,45 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     from runtime.adapters.whisper import TranscribeAdapter
     from runtime.adapters.whisper_export import export_missing_recognisers
     from runtime.adapters.whisper_stream import prepare_stream
-    from runtime.api import Omni
+    from runtime.api import PipelineSession
     from runtime.assets import demo_pipeline
     from runtime.audio.reader import TARGET_RATE, open_audio
-    from runtime.config import load_pipeline
-    from runtime.engine.program import load_program
 
     fmt = args.format
     out = _checked_out(args.out)
     pipeline = Path(args.pipeline) if args.pipeline else demo_pipeline("transcribe")
     # The recogniser is made on first use, before its manifests load.
     export_missing_recognisers(pipeline, _say)
-    config = load_pipeline(pipeline)
-    program = load_program(config)
-    if not isinstance(program, TranscribeAdapter):
+    # Nothing loads yet: the session reads the pipeline and makes its program.
+    session = PipelineSession(pipeline)
+    config = session.config
+    limit = session.options.max_audio_s
+    if session.kind != "transcribe" or limit is None or config.adapter is None:
         raise UsageError(
             f"pipeline {config.pipeline} ({pipeline}) does not transcribe; accepted: a pipeline "
             "whose adapter is runtime.adapters.whisper:TranscribeAdapter (e.g. "
             "assets/pipelines/transcribe.yaml)"
         )
-    limit = program.options.max_audio_s
+    # The recogniser's bundles: the features the audio is read into, the model's name.
+    bundles = TranscribeAdapter(config, config.adapter.options).bundles
     # Bad audio is refused here, before any worker starts; a copy of stdin goes with the stream.
     with open_audio(args.file, max_seconds=limit) as stream:
         total_s = stream.duration_s
         reading = _Progress("read", total_s, _say)
         prepared = prepare_stream(
-            stream, program.bundles.n_mels, on_block=lambda n: reading(n / TARGET_RATE)
+            stream, bundles.n_mels, on_block=lambda n: reading(n / TARGET_RATE)
         )
     seconds = prepared.seconds
     transcribing = _Progress("transcribed", seconds, _say)
     segments: list[TranscriptSegment] = []
     text = ""
-    model = program.bundles.model_name
+    model = bundles.model_name
     streamed = fmt in ("timed", "text", "srt", "vtt")
     output = _Output(out)
     try:
-        with Omni(config) as omni:
+        with session:
             output.write(format_header(fmt) if streamed else "")
-            for result in omni.generate(prepared):
+            for result in session.submit(prepared):
                 if result.finished:
                     text = result.text or ""
                     continue

@@ -12,7 +12,7 @@
 - ``GET /v1/omni/pipelines``: each pipeline's state and the requests holding its slots.
 
 Admission is the runtime's: a busy pipeline answers 429 with ``Retry-After``. A client that
-disconnects cancels its request through the orchestrator at once.
+disconnects cancels its request through the pipeline's session at once.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from runtime.api import AudioChunk
 from runtime.audio.reader import TARGET_RATE
-from runtime.engine.outputs import AudioChunk
 from runtime.errors import OmniError
 from runtime.serve.errors import AUTHENTICATION, NOT_FOUND, ApiError, from_runtime_error, invalid
 from runtime.serve.limits import ServeLimits
@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.types import Receive, Scope, Send
 
-    from runtime.engine.outputs import OmniRequestOutput
+    from runtime.api import OmniRequestOutput
     from runtime.serve.registry import PipelineRegistry, ServedPipeline
     from runtime.serve.requests import ChatRequest
 

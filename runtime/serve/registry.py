@@ -1,7 +1,7 @@
 """The pipelines a server serves: each loaded once, named by its pipeline name, with its kind.
 
-A :class:`ServedPipeline` owns one :class:`~runtime.api.Omni`; requests go straight to its
-orchestrator (:meth:`ServedPipeline.submit`), which admits them or raises
+A :class:`ServedPipeline` owns one loaded :class:`~runtime.api.PipelineSession`; requests go
+straight to it (:meth:`ServedPipeline.submit`), which admits them or raises
 ``ResourceUnavailable`` by the runtime's rules. A cancelled call that retired a graph stage
 leaves the pipeline unusable; the pipeline is then recreated in the background (requests
 meanwhile get 503 with ``Retry-After``).
@@ -9,7 +9,6 @@ meanwhile get 503 with ``Retry-After``).
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures as cf
 import logging
 import threading
@@ -18,11 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from runtime.adapters.tts import SpeechAdapter
-from runtime.api import Omni
+from runtime.api import PipelineSession
 from runtime.chat import ChatTemplate
 from runtime.config import LlmBackendConfig, PipelineConfig, load_pipeline
-from runtime.engine.outputs import END, OmniRequestOutput
 from runtime.errors import UsageError
 from runtime.events import EventBus, RequestAdmitted, RequestFinished
 from runtime.ledger import ResourceLedger
@@ -32,8 +29,8 @@ from runtime.serve.errors import RESTART_RETRY_AFTER_S, SERVER, ApiError
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
+    from runtime.api import OmniRequestOutput, ProgramOptions, RequestHandle
     from runtime.devices import DeviceSelection, Topology
-    from runtime.engine.orchestrator import Request
     from runtime.events import Event
 
 log = logging.getLogger("omni.serve")
@@ -70,51 +67,38 @@ class Submitted:
     """One request in a pipeline, read output by output from the server's event loop.
 
     Each output is acknowledged when the next is asked for or on :meth:`close`; closing a
-    request that has not ended cancels it through the orchestrator."""
+    request that has not ended cancels it through its session."""
 
-    def __init__(self, pipeline: ServedPipeline, omni: Omni, request: Request) -> None:
+    def __init__(
+        self, pipeline: ServedPipeline, session: PipelineSession, handle: RequestHandle
+    ) -> None:
         self.pipeline = pipeline
-        self._omni = omni
-        self.request = request
+        self._session = session
+        self.handle = handle
         self._current: OmniRequestOutput | None = None
-        self._ended = False
 
     @property
     def request_id(self) -> str:
-        return self.request.request_id
+        return self.handle.request_id
 
     async def next(self) -> OmniRequestOutput | None:
         """The next output (the previous one is acknowledged first), None at the end."""
         self._release()
-        if self._ended:
-            return None
-        item = await asyncio.wrap_future(self.request.stream.next_future())
-        if item is END:
-            self._ended = True
-            return None
-        if isinstance(item, BaseException):
-            self._ended = True
-            raise item
-        assert isinstance(item, OmniRequestOutput)
-        self._current = item
-        if item.finished:
-            self._ended = True
-        return item
+        output = await self.handle.next_async()
+        self._current = output
+        return output
 
     def _release(self) -> None:
         current, self._current = self._current, None
         if current is not None:
-            current.release_stage_buffers()
+            self.handle.acknowledge(current)
 
     def close(self) -> None:
         """Acknowledge what is held; cancel the request unless it ended. Idempotent, any
-        thread, never blocks (the cancel runs on the orchestrator's loop)."""
+        thread, never blocks (the cancel runs on the session's loop)."""
         self._release()
-        request = self.request
-        if request.stream.closed or request.final_consumed:
-            return
-        self._ended = True
-        self.pipeline.cancel(self._omni, request.request_id)
+        if self.handle.close(wait=False):
+            self.pipeline.renew_if_retired(self._session, self.request_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +129,7 @@ class PipelineStatus:
 
 
 class ServedPipeline:
-    """One served pipeline: its configuration, kind, running :class:`Omni` and counters."""
+    """One served pipeline: its configuration, kind, loaded session and counters."""
 
     def __init__(
         self,
@@ -171,20 +155,26 @@ class ServedPipeline:
         self._state = "starting"
         self.events = EventBus()
         self.events.subscribe(self._on_event)
-        self._omni: Omni | None = self._start()
+        self._session: PipelineSession | None = self._start()
         self._state = "ready"
         self.chat_template = (
             ChatTemplate.from_model_dir(self._model_dir()) if self.kind == CHAT else None
         )
 
-    def _start(self) -> Omni:
-        return Omni(
+    def _start(self) -> PipelineSession:
+        session = PipelineSession(
             self.config,
             ledger=self._ledger,
             events=self.events,
             topology=self._topology,
             selection=self._selection,
         )
+        try:
+            session.load()
+        except BaseException:
+            session.close()
+            raise
+        return session
 
     def _on_event(self, event: Event) -> None:
         # The runtime's own count of what holds a slot: admitted and not yet wound up.
@@ -198,42 +188,35 @@ class ServedPipeline:
                     self._finished[event.status] = self._finished.get(event.status, 0) + 1
                 self._settled.notify_all()
 
+    def _options(self) -> ProgramOptions | None:
+        session = self._session
+        return None if session is None else session.options
+
     def _model_dir(self) -> Path | None:
-        omni = self._omni
-        if omni is None:
-            return None
-        for stage in omni.execution_plan.to_json()["stages"]:
-            model_dir = stage.get("model_dir")
-            if isinstance(model_dir, str):
-                return Path(model_dir)
-        return None
+        options = self._options()
+        return None if options is None else options.model_dir
 
     # -- what the endpoints read -------------------------------------------------------
 
     @property
     def voices(self) -> tuple[str, ...]:
-        program = self._omni.orchestrator.program if self._omni is not None else None
-        if isinstance(program, SpeechAdapter):
-            return (program.options.voice,)
-        return ()
+        options = self._options()
+        return options.voices if options is not None and self.kind == SPEECH else ()
 
     @property
     def sample_rate(self) -> int:
-        program = self._omni.orchestrator.program if self._omni is not None else None
-        if not isinstance(program, SpeechAdapter):
+        options = self._options()
+        if options is None or self.kind != SPEECH or options.sample_rate is None:
             raise UsageError(f"pipeline {self.name} does not speak")
-        return int(program.sample_rate)
+        return options.sample_rate
 
     @property
     def max_audio_s(self) -> float:
         """The longest audio a transcription request may bring (the adapter's option)."""
-        # Imported here: the recogniser's modules bring ONNX in, which other pipelines skip.
-        from runtime.adapters.whisper import TranscribeAdapter
-
-        program = self._omni.orchestrator.program if self._omni is not None else None
-        if not isinstance(program, TranscribeAdapter):
+        options = self._options()
+        if options is None or self.kind != TRANSCRIPTION or options.max_audio_s is None:
             raise UsageError(f"pipeline {self.name} does not transcribe")
-        return program.options.max_audio_s
+        return options.max_audio_s
 
     @property
     def max_model_len(self) -> int | None:
@@ -246,12 +229,12 @@ class ServedPipeline:
         return min(lengths) if lengths else None
 
     def status(self) -> PipelineStatus:
-        omni = self._omni
+        session = self._session
         with self._lock:
             in_flight = len(self._in_flight)
             finished = dict(self._finished)
             state = self._state
-        if state == "ready" and omni is not None and not self._usable(omni):
+        if state == "ready" and session is not None and not session.usable:
             # A cancelled call retired a stage: the pipeline is about to be recreated.
             state = "restarting"
         return PipelineStatus(
@@ -259,7 +242,7 @@ class ServedPipeline:
             kind=self.kind,
             state=state,
             in_flight=in_flight,
-            concurrency=omni.orchestrator.concurrency if omni is not None else 0,
+            concurrency=session.concurrency if session is not None else 0,
             max_queued=self.config.max_queued,
             source=str(self.config.source),
             finished=finished,
@@ -271,17 +254,17 @@ class ServedPipeline:
         """Admit a request (any thread) or raise: the runtime's errors, or a 503 while the
         pipeline is being recreated or closed."""
         with self._lock:
-            omni, state = self._omni, self._state
-        if omni is None or state != "ready":
+            session, state = self._session, self._state
+        if session is None or state != "ready":
             raise self._unavailable(state)
         try:
-            request = omni.orchestrator.submit(inputs)
+            handle = session.submit(inputs)
         except UsageError:
-            if not omni.orchestrator.running:
+            if not session.loaded:
                 # Closed under this request by a restart or the server stopping.
                 raise self._unavailable("restarting") from None
             raise
-        return Submitted(self, omni, request)
+        return Submitted(self, session, handle)
 
     def _unavailable(self, state: str) -> ApiError:
         return ApiError(
@@ -292,56 +275,47 @@ class ServedPipeline:
             headers={"Retry-After": str(RESTART_RETRY_AFTER_S)},
         )
 
-    @staticmethod
-    def _usable(omni: Omni) -> bool:
-        return all(client.usable for client in omni.orchestrator.clients)
-
-    def cancel(self, omni: Omni, request_id: str) -> None:
-        """Cancel at once (never blocks); a stage the cancel retired gets the pipeline
+    def renew_if_retired(self, session: PipelineSession, request_id: str) -> None:
+        """After a cancel (never blocks): a stage the cancel retired gets the pipeline
         recreated in the background."""
-        omni.orchestrator.cancel(request_id, wait=False)
-        self._background.submit(self._renew_if_retired, omni, request_id)
+        self._background.submit(self._renew_if_retired, session, request_id)
 
-    def _renew_if_retired(self, omni: Omni, request_id: str) -> None:
+    def _renew_if_retired(self, session: PipelineSession, request_id: str) -> None:
         # The request is wound up once its stages were cancelled: then look at what is left.
         with self._settled:
             self._settled.wait_for(lambda: request_id not in self._in_flight, SETTLE_S)
-        if self._usable(omni):
+        health = session.health
+        if health.usable:
             return
         with self._lock:
-            if self._omni is not omni or self._state != "ready":
+            if self._session is not session or self._state != "ready":
                 return
             self._state = "restarting"
-        reasons = "; ".join(
-            str(client.failure)
-            for client in omni.orchestrator.clients
-            if not client.usable and client.failure is not None
-        )
         log.warning(
             "pipeline %s: a cancelled call retired a stage (%s); recreating it",
             self.name,
-            reasons or "a stage stopped",
+            health.reason or "a stage stopped",
         )
-        omni.close()
+        session.close()
         try:
             renewed = self._start()
         except Exception:  # the background task's top level reports what it caught
             log.exception("pipeline %s could not be recreated", self.name)
             with self._lock:
-                self._omni, self._state = None, "failed"
+                self._session, self._state = None, "failed"
             return
         with self._lock:
             if self._state == "restarting":
-                self._omni, self._state = renewed, "ready"
+                self._session, self._state = renewed, "ready"
                 log.warning("pipeline %s is ready again", self.name)
                 return
         renewed.close()
 
     def close(self) -> None:
         with self._lock:
-            omni, self._omni, self._state = self._omni, None, "closed"
-        if omni is not None:
-            omni.close()
+            session, self._session, self._state = self._session, None, "closed"
+        if session is not None:
+            session.close()
 
 
 class PipelineRegistry:

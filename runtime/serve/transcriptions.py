@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from starlette.datastructures import FormData
     from starlette.requests import Request
 
-    from runtime.engine.outputs import OmniRequestOutput
+    from runtime.api import OmniRequestOutput
     from runtime.serve.registry import Submitted
 
 #: The form's fields; ``timestamp_granularities[]`` is how OpenAI's clients send that list.
