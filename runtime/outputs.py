@@ -19,6 +19,8 @@ from runtime.errors import ModelError
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    from runtime.metrics import StageCallMetrics
+
 __all__ = [
     "AUDIO_KEYS",
     "SPAN_KEYS",
@@ -55,6 +57,8 @@ class OmniRequestOutput:
     index: int = 0
     metrics: Mapping[str, Any] = field(default_factory=dict)
     text: str | None = None
+    #: The request's stage calls so far, as values (``metrics["stages"]`` is their JSON).
+    calls: tuple[StageCallMetrics, ...] = ()
     _release: Callable[[], None] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

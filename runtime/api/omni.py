@@ -95,7 +95,8 @@ class Omni:
         return self.session.cancel(request_id)
 
     def metrics(self) -> dict[str, Any]:
-        return self.session.metrics()
+        """The session's metrics as JSON (``session.metrics()`` is the typed value)."""
+        return self.session.metrics().to_json()
 
     def close(self) -> None:
         self.session.close()
@@ -166,7 +167,7 @@ class AsyncOmni:
         )
 
     def metrics(self) -> dict[str, Any]:
-        return self.session.metrics()
+        return self.session.metrics().to_json()
 
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.session.close)

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from runtime.engine.outputs import StreamItem
     from runtime.events import EventBus
     from runtime.ledger import ResourceLedger
+    from runtime.metrics import SessionMetrics
     from runtime.records import ExecutionPlan
 
 __all__ = ["PipelineSession", "ProgramOptions", "RequestHandle", "SessionHealth"]
@@ -222,7 +223,7 @@ class PipelineSession:
         """The first stage's example inputs (a graph chain's default request)."""
         return self._orchestrator.example_inputs()
 
-    def metrics(self) -> dict[str, Any]:
+    def metrics(self) -> SessionMetrics:
         """Per-stage metrics of every finished request, and totals per stage."""
         return self._orchestrator.metrics()
 

@@ -26,7 +26,6 @@ from runtime.backends.inprocess import INPROCESS_WORKER
 from runtime.config import LlmBackendConfig, RemoteLlmRoute
 from runtime.contracts import RequestKey, new_request_id
 from runtime.engine.inputs import InputStream
-from runtime.engine.metrics import RequestMetrics, StageTotals
 from runtime.engine.outputs import END
 from runtime.engine.program import (
     ChainProgram,
@@ -58,6 +57,7 @@ from runtime.events import (
     RequestFinished,
 )
 from runtime.ledger import ResourceLedger
+from runtime.metrics import RequestMetrics, SessionMetrics
 from runtime.records import ExecutionPlan
 
 if TYPE_CHECKING:
@@ -306,7 +306,7 @@ class Orchestrator:
         """The first stage's example inputs (the default request of a graph chain)."""
         return self._runtime.example_inputs()
 
-    def metrics(self) -> dict[str, Any]:
+    def metrics(self) -> SessionMetrics:
         """Per-stage metrics of every finished request, and totals per stage.
 
         A request whose final output was consumed is counted once the loop has wound it up
@@ -316,16 +316,8 @@ class Orchestrator:
                 lambda: not any(request.final_consumed for request in self._running),
                 timeout=JOIN_DEADLINE_S,
             )
-            completed = list(self._completed)
-        per_stage: dict[str, StageTotals] = {}
-        for request in completed:
-            for call in request.stages:
-                per_stage[call.stage] = per_stage.get(call.stage, StageTotals()).plus(call)
-        return {
-            "pipeline": self.config.pipeline,
-            "requests": [request.to_json() for request in completed],
-            "stages": {stage: totals.to_json() for stage, totals in per_stage.items()},
-        }
+            completed = tuple(self._completed)
+        return SessionMetrics.of(self.config.pipeline, completed)
 
     # -- requests (any thread) -------------------------------------------------------
 

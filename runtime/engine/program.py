@@ -30,11 +30,11 @@ from runtime.chat import ChatMessage, parse_messages
 from runtime.config import LlmBackendConfig, resolve_callable
 from runtime.contracts.llm_messages import SamplingSpec
 from runtime.contracts.messages import MessageError
-from runtime.engine.metrics import GenerationMetrics, StageCallMetrics, recorded_prompt
 from runtime.engine.outputs import OmniRequestOutput
 from runtime.engine.stages import GraphStage, LlmStage, StageHandle
 from runtime.errors import ModelError, RequestCancelled, UsageError
 from runtime.events import EventBus, RequestOutputReady, StageCallFinished
+from runtime.metrics import GenerationMetrics, StageCallMetrics, recorded_prompt
 from runtime.pipeline_input import TENSOR_INPUT, TEXT_INPUT
 
 if TYPE_CHECKING:
@@ -507,6 +507,7 @@ class RequestContext:
                 **(metrics or {}),
             },
             text=text,
+            calls=tuple(self.request.stage_metrics),
         )
         request = self.request
 

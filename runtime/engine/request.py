@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from runtime.contracts import RequestKey
     from runtime.engine.inputs import InputStream
-    from runtime.engine.metrics import StageCallMetrics
+    from runtime.metrics import StageCallMetrics
 
 __all__ = ["Request"]
 

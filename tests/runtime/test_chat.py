@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from runtime.chat import MAX_CHARS, MAX_MESSAGES, ChatMessage, ChatTemplate, parse_messages
-from runtime.engine.metrics import MAX_RECORDED_PROMPT, recorded_prompt
 from runtime.errors import UsageError
+from runtime.metrics import MAX_RECORDED_PROMPT, recorded_prompt
 
 if TYPE_CHECKING:
     from pathlib import Path

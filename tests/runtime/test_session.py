@@ -60,7 +60,7 @@ def _final(handle: RequestHandle) -> dict[str, np.ndarray]:
 def _wound_up(session: PipelineSession, count: int) -> None:
     """Wait until ``count`` requests were wound up (a failed one frees its slot after its
     error reached the caller)."""
-    wait_until(lambda: len(session.metrics()["requests"]) >= count, f"{count} requests")
+    wait_until(lambda: len(session.metrics().requests) >= count, f"{count} requests")
 
 
 def _chunks(inputs: dict[str, np.ndarray], cuts: tuple[int, ...]) -> list[dict[str, np.ndarray]]:
@@ -111,7 +111,7 @@ def test_a_streaming_request_fed_in_chunks_gives_the_one_shot_result(
         handle.feed(rest)
         handle.end_input()
         np.testing.assert_array_equal(_final(handle)["c"], one_shot["c"])
-        assert [r["status"] for r in session.metrics()["requests"]] == ["completed"] * 3
+        assert [r.status for r in session.metrics().requests] == ["completed"] * 3
     assert not session.loaded
     assert process_gone(pid)
     assert ledger.snapshot().is_empty
@@ -162,7 +162,7 @@ def test_cancel_mid_input_ends_the_request_cancelled_and_leaves_nothing_behind(
         assert ledger.snapshot().reservations == (reservation,)
         assert not process_gone(pid)
         np.testing.assert_array_equal(session.run(inputs)["c"], inputs["a"] + inputs["b"])
-        assert [r["status"] for r in session.metrics()["requests"]] == ["cancelled", "completed"]
+        assert [r.status for r in session.metrics().requests] == ["cancelled", "completed"]
 
         # Closing a handle cancels a request still waiting for input.
         handle = session.submit(streaming=True)
@@ -170,7 +170,7 @@ def test_cancel_mid_input_ends_the_request_cancelled_and_leaves_nothing_behind(
         handle.close(wait=True)
         assert handle.finished
         assert handle.next() is None
-        assert session.metrics()["requests"][-1]["status"] == "cancelled"
+        assert session.metrics().requests[-1].status == "cancelled"
     assert process_gone(pid)
     assert not controller_segments()
     assert ledger.snapshot().is_empty
@@ -213,9 +213,7 @@ def test_input_errors_name_what_is_accepted(
         with pytest.raises(UsageError, match="chunk 1's 'b' is float64"):
             handle.next(10)
         _wound_up(session, 4)
-        assert [r["status"] for r in session.metrics()["requests"]] == ["completed"] + [
-            "failed"
-        ] * 3
+        assert [r.status for r in session.metrics().requests] == ["completed"] + ["failed"] * 3
         assert session.usable
 
     # A program that reads its input whole refuses streaming=True, naming the pipeline.

@@ -111,7 +111,7 @@ def test_transcription_stream_errors_and_cancel(
         handle.end_input()
         with pytest.raises(AudioInputError, match="ended with no audio"):
             handle.next(30)
-        wait_until(lambda: len(session.metrics()["requests"]) == 1, "the failed request")
+        wait_until(lambda: len(session.metrics().requests) == 1, "the failed request")
 
         # Cancelled mid-input: the request ends cancelled; the stages take the next one.
         handle = session.submit(streaming=True)
@@ -121,7 +121,7 @@ def test_transcription_stream_errors_and_cancel(
         with pytest.raises(RequestCancelled):
             handle.next(30)
         assert session.usable
-        assert session.metrics()["requests"][-1]["status"] == "cancelled"
+        assert session.metrics().requests[-1].status == "cancelled"
 
 
 def test_voice_activity_scores_each_fed_chunk_as_it_arrives(

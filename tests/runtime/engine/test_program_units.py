@@ -18,7 +18,6 @@ import pytest
 from runtime.backends.base import Delta, LlmClient, StageRecord
 from runtime.config import load_pipeline
 from runtime.contracts import RequestKey
-from runtime.engine.metrics import RequestMetrics
 from runtime.engine.orchestrator import Request
 from runtime.engine.outputs import OmniRequestOutput
 from runtime.engine.program import ChainProgram, Emitted, RequestContext, TextProgram
@@ -27,6 +26,7 @@ from runtime.engine.stages import GraphStage, LlmStage
 from runtime.errors import ModelError, RequestCancelled, StageRetired, UsageError
 from runtime.events import Event, EventBus, StageCallFinished
 from runtime.ledger import ResourceLedger
+from runtime.metrics import RequestMetrics
 from tests.helpers.onnx_graphs import make_bundle
 from tests.runtime.engine.inprocess_support import write_inprocess_pipeline
 from tests.runtime.engine.support import ENDLESS_STEPS
@@ -267,6 +267,8 @@ def test_emit_with_wait_returns_once_the_caller_acknowledges(
             assert output.finished
             assert (output.text, output.outputs["text"]) == ("hi", "hi")
             assert [entry["stage"] for entry in output.metrics["stages"]] == ["stage-0"]
+            # The same calls as values, their JSON what the metrics carry.
+            assert [call.to_json() for call in output.calls] == output.metrics["stages"]
             output.release_stage_buffers()
             await asyncio.wait_for(emitted, 2)
 

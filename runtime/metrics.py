@@ -1,18 +1,26 @@
-"""What a request measured, as frozen values: one :class:`StageCallMetrics` per stage call.
+"""What requests measured, as frozen values: one :class:`StageCallMetrics` per stage call,
+a :class:`RequestMetrics` per finished request, a session's :class:`SessionMetrics`.
 
-The engine records these as it runs; ``Omni.metrics()``, the outputs' ``metrics`` and the
-benchmarks read their JSON (:meth:`StageCallMetrics.to_json`), whose keys stay as they were.
+The engine records these as it runs; the session hands them on as they are, and their JSON
+(``to_json()``, whose keys stay as they were) is written only where they leave the program:
+``Omni.metrics()``, the outputs' ``metrics``, ``metrics.json``, the benchmarks' figures.
+Standard library only, so every layer may hold them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Final
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
 
 __all__ = [
     "MAX_RECORDED_PROMPT",
     "GenerationMetrics",
     "RequestMetrics",
+    "SessionMetrics",
     "StageCallMetrics",
     "StageTotals",
     "recorded_prompt",
@@ -149,4 +157,31 @@ class StageTotals:
             "transfer_s": self.transfer_s,
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SessionMetrics:
+    """A loaded pipeline's finished requests, in the order they ended, and each stage's
+    calls summed over them."""
+
+    pipeline: str
+    requests: tuple[RequestMetrics, ...] = ()
+    stages: Mapping[str, StageTotals] = field(default_factory=lambda: MappingProxyType({}))
+
+    @classmethod
+    def of(cls, pipeline: str, requests: Iterable[RequestMetrics]) -> SessionMetrics:
+        """The metrics of ``requests``, with the per-stage totals summed from their calls."""
+        finished = tuple(requests)
+        totals: dict[str, StageTotals] = {}
+        for request in finished:
+            for call in request.stages:
+                totals[call.stage] = totals.get(call.stage, StageTotals()).plus(call)
+        return cls(pipeline, finished, MappingProxyType(totals))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pipeline": self.pipeline,
+            "requests": [request.to_json() for request in self.requests],
+            "stages": {stage: totals.to_json() for stage, totals in self.stages.items()},
         }
