@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from runtime.artifacts import BundleReport, VerifiedBundle, inspect_bundle
 from runtime.backends.vllm_client import (
@@ -57,6 +57,7 @@ __all__ = [
     "LocalLlmPlacement",
     "Placement",
     "Refusal",
+    "RefusalKind",
     "RemoteLlmPlacement",
     "Resolution",
     "StageResolution",
@@ -67,7 +68,7 @@ __all__ = [
 REMOTE_LLM_MODULE: Final = "runtime.backends.remote_llm"
 
 #: What a refusal is about: a device, a bundle, a route, a model's memory floor, a capacity.
-REFUSAL_KINDS: Final = ("device", "bundle", "route", "model", "capacity")
+RefusalKind = Literal["device", "bundle", "route", "model", "capacity"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +76,7 @@ class Refusal:
     """Why a pipeline cannot load: ``error`` is what loading raises, ``text`` what ``plan``
     shows (the error's message after a prefix naming the device check or the stage)."""
 
-    kind: str
+    kind: RefusalKind
     error: OmniError
     stage: str | None = None
     prefix: str = ""
@@ -228,7 +229,9 @@ class _Checks:
         self.refusals: list[Refusal] = []
         self.warnings: list[str] = []
 
-    def refuse(self, kind: str, error: OmniError, stage: str | None, prefix: str = "") -> None:
+    def refuse(
+        self, kind: RefusalKind, error: OmniError, stage: str | None, prefix: str = ""
+    ) -> None:
         self.refusals.append(Refusal(kind, error, stage, prefix))
 
     def device(
