@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from runtime.adapters.tts import SpeechAdapter
+from runtime.adapters.tts_text import SpeechPlan
 from runtime.audio import AudioDeviceError, AudioPlayer, WavWriter
 from runtime.contracts import new_request_id
 from runtime.engine.outputs import AudioChunk
@@ -62,7 +63,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
     from pathlib import Path
 
-    from runtime.adapters.tts_text import SpeechPlan
     from runtime.api import Omni
     from runtime.audio import PlaybackMetrics
     from runtime.engine.outputs import OmniRequestOutput
@@ -75,7 +75,7 @@ __all__ = [
     "SpeechResult",
     "speak",
     "speak_interruptibly",
-    "speech_adapter",
+    "speech_plan",
 ]
 
 #: The metrics every speak result reports, in this order (null where not applicable).
@@ -105,18 +105,22 @@ class NotASpeechPipeline(UsageError):
     """The pipeline's adapter is not the speech adapter."""
 
 
-def speech_adapter(omni: Omni) -> SpeechAdapter:
-    """The speech adapter driving ``omni``'s pipeline, or NotASpeechPipeline."""
-    program = omni.orchestrator.program
-    if not isinstance(program, SpeechAdapter):
-        config = omni.orchestrator.config
+def speech_plan(omni: Omni, text: str | SpeechPlan | Mapping[str, Any]) -> tuple[SpeechPlan, int]:
+    """``text`` prepared by ``omni``'s speech adapter, and the voice's sample rate; raises
+    NotASpeechPipeline for a pipeline that does not speak, SpeechInputError for bad text."""
+    session = omni.session
+    rate = session.options.sample_rate
+    if session.kind != SpeechAdapter.kind or rate is None:
+        config = session.config
         name = config.adapter.name if config.adapter is not None else "none (a linear chain)"
         raise NotASpeechPipeline(
             f"pipeline {config.pipeline} cannot speak: its adapter is {name}; accepted: a "
             "pipeline whose adapter is runtime.adapters.tts:SpeechAdapter (e.g. "
             "assets/pipelines/speak.yaml)"
         )
-    return program
+    plan = session.prepare(text)
+    assert isinstance(plan, SpeechPlan)
+    return plan, rate
 
 
 class SpeechCancel:
@@ -356,12 +360,10 @@ def speak(
     thread). Raises the engine's errors, ``SpeechInputError`` for unspeakable text and
     ``AudioDeviceError`` when playback fails.
     """
-    adapter = speech_adapter(omni)
-    rate = adapter.sample_rate
+    plan, rate = speech_plan(omni, text)
     cancel = cancel if cancel is not None else SpeechCancel()
     request_id = new_request_id()
     clock = _Clock(started=time.monotonic())
-    plan = adapter.prepare(text)
     engine: Mapping[str, Any] = {}
     status = "completed"
     feeder: _Feeder | None = None

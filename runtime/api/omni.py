@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from runtime.backends.graph import GraphTimeouts
     from runtime.config import PipelineConfig
     from runtime.devices import DeviceSelection, Topology
-    from runtime.engine.orchestrator import Orchestrator
     from runtime.engine.outputs import OmniRequestOutput
     from runtime.events import EventBus
     from runtime.ledger import ResourceLedger
@@ -62,11 +61,6 @@ class Omni:
     @classmethod
     def from_yaml(cls, path: str | Path, **options: Any) -> Omni:
         return cls(Path(path), **options)
-
-    @property
-    def orchestrator(self) -> Orchestrator:
-        """The engine under the session (the engine's own tests look inside it)."""
-        return self.session._orchestrator
 
     @property
     def execution_plan(self) -> ExecutionPlan:
@@ -133,11 +127,6 @@ class AsyncOmni:
     @classmethod
     def from_yaml(cls, path: str | Path, **options: Any) -> AsyncOmni:
         return cls(Path(path), **options)
-
-    @property
-    def orchestrator(self) -> Orchestrator:
-        """The engine under the session (the engine's own tests look inside it)."""
-        return self.session._orchestrator
 
     async def start(self) -> ExecutionPlan:
         """Load every stage without blocking the caller's event loop."""
