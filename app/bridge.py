@@ -1,18 +1,20 @@
 """The one bridge between the runtime and Qt.
 
 ``RuntimeBridge`` owns a control thread (:class:`app.control.ControlThread`) that makes every
-blocking runtime call — describing a pipeline, loading and closing its stages, cancelling —
-and it is the only object that subscribes to runtime callbacks (a load's ``EventBus``, the
-``ResourceLedger``, the runtime's loggers, request output streams). Those callbacks run on
-runtime threads; each reaches the GUI thread through the bridge's one hop
+blocking runtime call — describing a pipeline, loading and closing its stages
+(:class:`runtime.api.PipelineSession`), cancelling — and it is the only object that subscribes
+to runtime callbacks (a load's ``EventBus``, the ``ResourceLedger``, the runtime's loggers)
+and reads requests' outputs (each :class:`runtime.api.RequestHandle` on a reader thread of its
+own). Those run on runtime threads; what they carry reaches the GUI thread through the
+bridge's one hop
 (:class:`app.control.GuiHop`), where the bridge turns what it carries into plain values from
 :mod:`app.models` with :mod:`app.presenters` and emits Qt signals. Widgets only ever see
 those values, so the GUI never waits on the runtime.
 
 A run's audio does not wait for the GUI thread: where the window gave the bridge an audio
 sink (:meth:`RuntimeBridge.set_audio_sink`, the studio's ``AudioOutput``), each chunk is queued
-for playback on the runtime thread that delivered it, before the GUI sees it; the GUI then
-only draws it (``ReceivedAudio.queued``).
+for playback on the reader thread that received it, before the GUI sees it; the GUI then
+only draws it (``ReceivedAudio.queued``) and acknowledges the output.
 
 The bridge is composed of parts, each in its own module, each given what it needs when the
 bridge makes it and each reaching the GUI only through the same hop: the loaded pipelines
@@ -24,7 +26,8 @@ the Serve switch (:mod:`app.bridge_serving`), the imports of My pipelines
 
 State that belongs to the GUI (``state``, the current request) is touched only on the GUI
 thread; state that belongs to the runtime (the loaded pipelines) only in control jobs, which
-run one at a time in submission order.
+run one at a time in submission order. Besides the hop, only Qt's own end-of-thread notice
+(``QThread.finished``) crosses into the GUI thread; it carries nothing from the runtime.
 """
 
 from __future__ import annotations
