@@ -37,6 +37,7 @@ from runtime.contracts.manifest import (
     check_relative_path,
 )
 from runtime.errors import UsageError, VerificationError
+from runtime.graph_inputs import infer_precision, input_mismatches, required_inputs
 from runtime.onnx_wire import WireError, external_data_locations
 
 if TYPE_CHECKING:
@@ -85,17 +86,6 @@ _ACCEPTED: Final[Mapping[str, str]] = {
 _META_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 #: Metadata keys create_bundle derives from its arguments; --meta cannot change them.
 _FIXED_METADATA = ("graph_file", "example_inputs_file")
-#: onnx.TensorProto.DataType values (fixed by the ONNX standard) of floating-point types.
-_FLOAT_TYPES: Final[Mapping[int, str]] = {
-    1: "float32",
-    10: "float16",
-    11: "float64",
-    16: "bfloat16",
-    17: "float8e4m3fn",
-    18: "float8e4m3fnuz",
-    19: "float8e5m2",
-    20: "float8e5m2fnuz",
-}
 
 
 class BundleCreationError(UsageError):
@@ -234,12 +224,9 @@ class BundleReport:
         return self.manifest is not None and not self.errors
 
     def unchanged(self) -> bool:
-        """Whether the manifest and every checked file still have the stat they had when they
-        were read (device, inode, size, modification and change times), so that the report
-        may stand for hashing them again. A write since changes the change time, unless it
-        fell in the same tick of the file system's clock as the change before the check: a
-        file changed less than :data:`STAMP_GRANULARITY_S` before the check is never taken
-        as unchanged. A worker hashes the bytes it loads whatever this says."""
+        """Whether every file checked keeps the stat it was read with, and changed more than
+        :data:`STAMP_GRANULARITY_S` before (a later write in that clock tick would leave the
+        stat alike): then the report may stand for hashing the files again."""
         settled = self.checked_ns - int(STAMP_GRANULARITY_S * 1e9)
         root = self.manifest_path.parent.resolve()
         stamped = [(self.manifest_path, self.manifest_stamp)]
@@ -862,83 +849,14 @@ def _copy_hashing(source: Path, destination: Path, chunk_size: int = 1 << 20) ->
 def _check_inputs_match_graph(
     model: onnx.ModelProto, arrays: Mapping[str, np.ndarray], graph: Path, inputs: Path
 ) -> None:
-    initializers = {tensor.name for tensor in model.graph.initializer}
-    declared = {value.name: value for value in model.graph.input}
-    required = [name for name in declared if name not in initializers]
-    problems: list[str] = []
-    missing = [name for name in required if name not in arrays]
-    if missing:
-        problems.append(f"missing {missing}")
-    unknown = sorted(name for name in arrays if name not in declared)
-    if unknown:
-        problems.append(f"not graph inputs {unknown}")
-    for key, array in arrays.items():
-        value = declared.get(key)
-        if value is None:
-            continue
-        if not value.type.HasField("tensor_type"):
-            problems.append(f"{key!r} is not a tensor input of the graph")
-            continue
-        tensor_type = value.type.tensor_type
-        expected = _np_dtype_of(tensor_type.elem_type)
-        if array.dtype != expected:
-            problems.append(f"{key!r} is {array.dtype}, the graph wants {expected}")
-        if tensor_type.HasField("shape"):
-            dims = tensor_type.shape.dim
-            if len(dims) != array.ndim:
-                problems.append(
-                    f"{key!r} has {array.ndim} dimension(s), the graph wants {len(dims)}"
-                )
-                continue
-            for axis, (dim, size) in enumerate(zip(dims, array.shape, strict=True)):
-                if dim.HasField("dim_value") and dim.dim_value != size:
-                    problems.append(
-                        f"{key!r} axis {axis} is {size}, the graph wants {dim.dim_value}"
-                    )
+    problems = input_mismatches(model, arrays)
     if problems:
-        wanted = {name: _describe_input(declared[name]) for name in required}
         raise BundleCreationError(
             f"--inputs {inputs} does not match the inputs of {graph}: {'; '.join(problems)}; "
-            f"accepted: one array per graph input, named and typed as {wanted}",
+            f"accepted: one array per graph input, named and typed as {required_inputs(model)}",
             code="inputs_mismatch",
             subject=str(inputs),
         )
-
-
-def _np_dtype_of(elem_type: int) -> np.dtype[Any]:
-    from onnx import helper
-
-    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
-
-
-def _describe_input(value: onnx.ValueInfoProto) -> str:
-    if not value.type.HasField("tensor_type"):
-        return "non-tensor"
-    tensor_type = value.type.tensor_type
-    dtype = np.dtype(_np_dtype_of(tensor_type.elem_type)).name
-    if not tensor_type.HasField("shape"):
-        return dtype
-    dims = [
-        str(dim.dim_value) if dim.HasField("dim_value") else (dim.dim_param or "?")
-        for dim in tensor_type.shape.dim
-    ]
-    return f"{dtype}[{', '.join(dims)}]"
-
-
-def _infer_precision(model: onnx.ModelProto) -> str:
-    found: set[str] = set()
-    for value in model.graph.input:
-        if value.type.HasField("tensor_type"):
-            name = _FLOAT_TYPES.get(value.type.tensor_type.elem_type)
-            if name is not None:
-                found.add(name)
-    for tensor in _model_tensors(model):
-        name = _FLOAT_TYPES.get(tensor.data_type)
-        if name is not None:
-            found.add(name)
-    if not found:
-        return "unspecified"
-    return found.pop() if len(found) == 1 else "mixed"
 
 
 def _default_metadata(model: onnx.ModelProto, graph_name: str, inputs_name: str) -> dict[str, Any]:
@@ -946,7 +864,7 @@ def _default_metadata(model: onnx.ModelProto, graph_name: str, inputs_name: str)
         "graph_file": graph_name,
         "example_inputs_file": inputs_name,
         "checkpoint_revision": "unspecified",
-        "precision": _infer_precision(model),
+        "precision": infer_precision(model, _model_tensors(model)),
         "layout": "unspecified",
         "exporter": f"omni-edge-studio {runtime.__version__}",
         "calibration": "not applicable",
