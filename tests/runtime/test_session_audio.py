@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
+import yaml
 
+from runtime.adapters.transcribe_live import LiveTranscribeOptionsError
 from runtime.adapters.vad import SpeechStarted, event_from_outputs
 from runtime.adapters.vad_bundle import ensure_vad_bundle
 from runtime.adapters.whisper import AudioInputError
@@ -159,3 +161,67 @@ def test_voice_activity_scores_each_fed_chunk_as_it_arrives(
         with pytest.raises(UsageError, match="a chunk of dtype int16"):
             handle.feed(np.zeros(FRAME, np.int16))
         handle.close(wait=True)
+
+
+LIVE = REPO / "tests" / "runtime" / "adapters" / "transcribe_live_pipeline.yaml"
+SECOND = "Why would anyone leave the oven on overnight?"
+
+
+def test_live_transcription_transcribes_each_segment_as_it_ends(
+    data_dir: Path, clip: np.ndarray, options: dict[str, Any]
+) -> None:
+    (second,) = spoken_clips([SECOND])
+    audio = np.concatenate((clip, second, np.zeros(RATE, np.float32))).astype(np.float32)
+    with PipelineSession(LIVE, **options) as session:
+        assert (session.kind, session.input_kind) == ("transcribe-live", "audio")
+        assert session.streams_input
+        handle = session.submit(streaming=True)
+        frames = _frames(audio)
+        # Feed up to a second after the first sentence: its text comes out before the rest.
+        first_part = (clip.size + RATE // 2) // FRAME
+        for frame in frames[:first_part]:
+            handle.feed(frame)
+        first = handle.next(60)
+        assert first is not None
+        assert not first.finished
+        assert "Tuesday" in str(first.text)
+        assert float(first.outputs["start_s"]) >= 0.1
+        handle.acknowledge(first)
+        for frame in frames[first_part:]:
+            handle.feed(frame)
+        handle.end_input()
+        rest = []
+        final = None
+        for output in handle:
+            if output.finished:
+                final = (output.text, dict(output.metrics))
+            else:
+                rest.append(output.text)
+        assert final is not None
+        text, metrics = final
+        assert "oven" in str(text)
+        assert "Tuesday" in str(text)
+        assert len(metrics["speech"]) == 2
+        assert metrics["audio_seconds"] == pytest.approx(audio.size / RATE)
+        # The second sentence's segment is timed in the whole stream, after the first.
+        assert metrics["segments"][-1]["start"] > clip.size / RATE - 0.5
+
+        # A clip runs the same way in one request.
+        outputs = list(session.submit({"audio": audio, "sample_rate": RATE}))
+        assert outputs[-1].text == text
+
+
+def test_live_transcription_options_and_stages_are_checked(data_dir: Path, tmp_path: Path) -> None:
+    document = yaml.safe_load(LIVE.read_text(encoding="utf-8"))
+    document["adapter"]["options"]["beam"] = 5
+    bad = tmp_path / "options.yaml"
+    bad.write_text(yaml.safe_dump(document), encoding="utf-8")
+    with pytest.raises(LiveTranscribeOptionsError, match="unknown option 'beam'; accepted: "):
+        PipelineSession(bad)
+
+    document = yaml.safe_load(TRANSCRIBE.read_text(encoding="utf-8"))
+    document["adapter"] = {"name": "runtime.adapters.transcribe_live:LiveTranscribeAdapter"}
+    two = tmp_path / "two.yaml"
+    two.write_text(yaml.safe_dump(document), encoding="utf-8")
+    with pytest.raises(LiveTranscribeOptionsError, match="drives three graph stages"):
+        PipelineSession(two)
