@@ -14,10 +14,12 @@ import threading
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from runtime.errors import RequestCancelled, UsageError
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Mapping, Sequence
 
 
 class InputStream:
@@ -119,3 +121,35 @@ class InputStream:
 def cancelled_input(request_id: str) -> RequestCancelled:
     """What a program reading a cancelled request's input gets."""
     return RequestCancelled(f"request {request_id} was cancelled")
+
+
+def concatenated_chunks(
+    chunks: Sequence[Mapping[str, np.ndarray]], *, pipeline: str
+) -> dict[str, np.ndarray]:
+    """Chunks of a mapping of arrays joined along axis 0, input by input (UsageError naming
+    the chunk and input when the names, dtypes or trailing shapes differ)."""
+    if not chunks:
+        raise UsageError(
+            f"pipeline {pipeline}: the streaming request ended with no input; accepted: at "
+            "least one feed() before end_input()"
+        )
+    names = list(chunks[0])
+    for index, chunk in enumerate(chunks[1:], start=1):
+        if sorted(chunk) != sorted(names):
+            raise UsageError(
+                f"pipeline {pipeline}: chunk {index} has inputs {sorted(chunk)}; accepted: "
+                f"the inputs of the first chunk, {sorted(names)}"
+            )
+    joined: dict[str, np.ndarray] = {}
+    for name in names:
+        parts = [chunk[name] for chunk in chunks]
+        first = parts[0]
+        for index, part in enumerate(parts[1:], start=1):
+            if part.dtype != first.dtype or part.shape[1:] != first.shape[1:]:
+                raise UsageError(
+                    f"pipeline {pipeline}: chunk {index}'s {name!r} is {part.dtype} "
+                    f"{part.shape}; accepted: {first.dtype} with trailing shape {first.shape[1:]}"
+                    " (chunks are joined along axis 0)"
+                )
+        joined[name] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+    return joined

@@ -30,6 +30,7 @@ from runtime.chat import ChatMessage, parse_messages
 from runtime.config import LlmBackendConfig, resolve_callable
 from runtime.contracts.llm_messages import SamplingSpec
 from runtime.contracts.messages import MessageError
+from runtime.engine.inputs import InputStream, concatenated_chunks
 from runtime.engine.outputs import OmniRequestOutput
 from runtime.engine.stages import GraphStage, LlmStage, StageHandle
 from runtime.errors import ModelError, RequestCancelled, UsageError
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
     from runtime.config import PipelineConfig
     from runtime.contracts import RequestKey
     from runtime.contracts.messages import TensorSpec
-    from runtime.engine.inputs import InputStream
     from runtime.engine.request import Request
 
 Transform = Callable[[Mapping[str, np.ndarray]], Mapping[str, Any]]
@@ -576,38 +576,6 @@ def program_kind(program: object) -> str:
     """What ``program`` is, in a word: its ``kind``, else ``adapter``."""
     kind = getattr(program, "kind", None)
     return kind if isinstance(kind, str) else "adapter"
-
-
-def concatenated_chunks(
-    chunks: Sequence[Mapping[str, np.ndarray]], *, pipeline: str
-) -> dict[str, np.ndarray]:
-    """Chunks of a mapping of arrays joined along axis 0, input by input (UsageError naming
-    the chunk and input when the names, dtypes or trailing shapes differ)."""
-    if not chunks:
-        raise UsageError(
-            f"pipeline {pipeline}: the streaming request ended with no input; accepted: at "
-            "least one feed() before end_input()"
-        )
-    names = list(chunks[0])
-    for index, chunk in enumerate(chunks[1:], start=1):
-        if sorted(chunk) != sorted(names):
-            raise UsageError(
-                f"pipeline {pipeline}: chunk {index} has inputs {sorted(chunk)}; accepted: "
-                f"the inputs of the first chunk, {sorted(names)}"
-            )
-    joined: dict[str, np.ndarray] = {}
-    for name in names:
-        parts = [chunk[name] for chunk in chunks]
-        first = parts[0]
-        for index, part in enumerate(parts[1:], start=1):
-            if part.dtype != first.dtype or part.shape[1:] != first.shape[1:]:
-                raise UsageError(
-                    f"pipeline {pipeline}: chunk {index}'s {name!r} is {part.dtype} "
-                    f"{part.shape}; accepted: {first.dtype} with trailing shape {first.shape[1:]}"
-                    " (chunks are joined along axis 0)"
-                )
-        joined[name] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
-    return joined
 
 
 def concurrent_stages(program: object, config: PipelineConfig) -> tuple[str, ...]:
