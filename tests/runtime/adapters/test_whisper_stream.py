@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from runtime.adapters.whisper_mel import BLOCK_FRAMES, HOP_LENGTH, log_mel
-from runtime.adapters.whisper_stream import prepare_stream
+from runtime.adapters.whisper_stream import FeatureStream, prepare_stream
 
 BATCH_SAMPLES = (BLOCK_FRAMES - 1) * HOP_LENGTH + 400
 
@@ -46,3 +46,21 @@ def test_blocks_give_the_features_of_the_whole(samples: int, block: int) -> None
 def test_an_empty_stream_is_refused() -> None:
     with pytest.raises(ValueError, match="no samples"):
         prepare_stream(iter([np.zeros(0, np.float32)]))
+
+
+@pytest.mark.parametrize("samples", [50, 1_600, BATCH_SAMPLES - 560, 2 * BATCH_SAMPLES + 123])
+def test_features_computed_as_blocks_are_fed_equal_the_whole(samples: int) -> None:
+    rng = np.random.default_rng(samples)
+    audio = (0.1 * rng.standard_normal(samples)).astype(np.float32)
+    stream = FeatureStream()
+    # 32 ms frames, as a microphone delivers them, with empty ones between.
+    for begin in range(0, samples, 512):
+        stream.feed(audio[begin : begin + 512])
+        stream.feed(np.zeros(0, np.float32))
+    assert stream.samples == samples
+    assert stream.seconds == samples / 16_000
+    prepared = stream.finish()
+    assert prepared.samples == samples
+    assert np.array_equal(prepared.features, log_mel(audio))
+    with pytest.raises(ValueError, match="no samples"):
+        FeatureStream().finish()
