@@ -100,7 +100,7 @@ from runtime.planning import plan_pipeline
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from runtime.api import ExecutionPlan, RequestHandle
+    from runtime.api import ExecutionPlan, RequestHandle, Resolution
     from runtime.config import PipelineConfig
     from runtime.devices import Topology
 
@@ -168,6 +168,8 @@ class RuntimeBridge(QObject):
         self._state = RunState.EMPTY
         self._info: PipelineInfo | None = None
         self._config: PipelineConfig | None = None
+        #: The admission shown for ``_config``: its load takes the verified bundles.
+        self._resolution: Resolution | None = None
         self._loaded = False
         self._request: RequestHandle | None = None
         #: The threads reading requests' outputs (each ends with its request).
@@ -459,7 +461,8 @@ class RuntimeBridge(QObject):
 
     def _start_load(self, config: PipelineConfig) -> None:
         pending = self._pending_load = PendingLoad()
-        self._submit(partial(self._load_job, config, pending))
+        resolution = self._resolution if config is self._config else None
+        self._submit(partial(self._load_job, config, pending, resolution))
 
     def _abandon_load(self) -> bool:
         """Cancel the load under way; whatever it started is unloaded (its continuations are
@@ -519,9 +522,11 @@ class RuntimeBridge(QObject):
             return
         self._post(partial(self.plan_changed.emit, plan_view(plan, self.ledger.snapshot())))
 
-    def _load_job(self, config: PipelineConfig, pending: PendingLoad) -> None:
+    def _load_job(
+        self, config: PipelineConfig, pending: PendingLoad, resolution: Resolution | None
+    ) -> None:
         try:
-            self._pipelines.load(config, pending)
+            self._pipelines.load(config, pending, resolution)
         except Exception as exc:  # noqa: BLE001 - the GUI hears of any failure and recovers
             self._post(partial(self._load_failed, pending, exc))
             return
@@ -555,6 +560,7 @@ class RuntimeBridge(QObject):
             return  # closing: the unload that follows takes the warm stages too
         self._info = opened.info
         self._config = opened.config
+        self._resolution = None if opened.plan is None else opened.plan.resolution
         self._loaded = warm is not None
         self._set_state(RunState.LOADED if self._loaded else RunState.READY)
         self._studio_line(f"opened {opened.info.path}" + (" (loaded)" if self._loaded else ""))

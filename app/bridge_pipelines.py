@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
-    from runtime.api import RequestHandle
+    from runtime.api import RequestHandle, Resolution
     from runtime.config import PipelineConfig
     from runtime.devices import DeviceSelection, Topology
     from runtime.events import Event
@@ -108,7 +108,9 @@ class LoadedPipelines:
         #: Loaded pipelines other than the open one, by source file, oldest first.
         self._warm: dict[Path | None, LoadedPipeline] = {}
 
-    def load(self, config: PipelineConfig, pending: PendingLoad) -> None:
+    def load(
+        self, config: PipelineConfig, pending: PendingLoad, resolution: Resolution | None = None
+    ) -> None:
         """Load ``config``'s stages as the open pipeline, making room by unloading the warm
         ones, oldest first, when the machine's memory is held by them; raises what stopped
         it (:class:`LoadCancelled` once cancelled), with everything it began unwound."""
@@ -133,6 +135,7 @@ class LoadedPipelines:
                     events=events,
                     topology=topology,
                     selection=selection,
+                    resolution=resolution,
                 )
                 if not pending.attach(session):
                     raise LoadCancelled(f"loading pipeline {config.pipeline} was cancelled")

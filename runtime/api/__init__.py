@@ -6,6 +6,7 @@ The values callers need travel with them: outputs (:class:`OmniRequestOutput`,
 :class:`AudioChunk`), the execution plan, and the errors the session raises.
 """
 
+from runtime.admission import Resolution
 from runtime.api.omni import AsyncOmni, Omni
 from runtime.api.session import PipelineSession, ProgramOptions, RequestHandle, SessionHealth
 from runtime.engine.orchestrator import LoadCancelled, loading_stages
@@ -23,6 +24,7 @@ __all__ = [
     "PipelineSession",
     "ProgramOptions",
     "RequestHandle",
+    "Resolution",
     "SessionHealth",
     "StageRecord",
     "loading_stages",

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
     import numpy as np
 
+    from runtime.admission import Resolution
     from runtime.backends.graph import GraphTimeouts
     from runtime.devices import DeviceSelection, Topology
     from runtime.engine.orchestrator import Request
@@ -98,7 +99,10 @@ class PipelineSession:
         topology: Topology | None = None,
         selection: DeviceSelection | None = None,
         timeouts: GraphTimeouts | None = None,
+        resolution: Resolution | None = None,
     ) -> None:
+        """``resolution``: an earlier admission of this pipeline (``plan``, the studio's
+        description); loading takes its verified bundles whose files are unchanged."""
         config = pipeline if isinstance(pipeline, PipelineConfig) else load_pipeline(pipeline)
         self._orchestrator = Orchestrator(
             config,
@@ -107,6 +111,7 @@ class PipelineSession:
             topology=topology,
             selection=selection,
             timeouts=timeouts,
+            resolution=resolution,
         )
 
     @classmethod

@@ -63,6 +63,7 @@ from runtime.records import ExecutionPlan
 if TYPE_CHECKING:
     import numpy as np
 
+    from runtime.admission import Resolution
     from runtime.backends.base import StageClient
     from runtime.backends.graph import GraphTimeouts
     from runtime.config import PipelineConfig
@@ -133,6 +134,7 @@ class Orchestrator:
         topology: Topology | None = None,
         selection: DeviceSelection | None = None,
         timeouts: GraphTimeouts | None = None,
+        resolution: Resolution | None = None,
     ) -> None:
         self.config = config
         self.ledger = ledger if ledger is not None else ResourceLedger(name=config.pipeline)
@@ -146,6 +148,7 @@ class Orchestrator:
             selection=selection,
             timeouts=timeouts,
             concurrent=concurrent_stages(self.program, config),
+            resolution=resolution,
         )
         self._lock = threading.Lock()
         #: Notified whenever a request is wound up (see :meth:`metrics`).

@@ -99,3 +99,35 @@ def test_describing_then_loading_hashes_each_bundle_once_and_parses_once(
     assert not hashed
     assert not parsed
     assert ledger.snapshot().is_empty
+
+
+def test_the_studio_loads_what_it_described_through_the_session_without_hashing_again(
+    demo_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bridge hands the described plan's resolution to ``PipelineSession``: loading the
+    opened pipeline through the front door hashes no bundle and parses no file again."""
+    from runtime.api import PipelineSession
+
+    topology = discover_topology()
+    _settle(demo_root / "bundles")
+    hashed, parsed = _count(monkeypatch)
+    described = describe_pipeline(
+        demo_root / "pipelines/mlp-chain.yaml", topology, DeviceSelection()
+    )
+    assert described.plan is not None
+    hashed.clear()
+    parsed.clear()
+    ledger = ResourceLedger(name="studio")
+    with PipelineSession(
+        described.config,
+        ledger=ledger,
+        topology=topology,
+        selection=DeviceSelection(),
+        resolution=described.plan.resolution,
+    ) as session:  # entering loads
+        assert session.usable
+        outputs = session.run()
+    assert outputs
+    assert not hashed
+    assert not parsed
+    assert ledger.snapshot().is_empty
