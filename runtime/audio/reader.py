@@ -119,6 +119,18 @@ def _seekable(stream: IO[bytes] | io.RawIOBase | io.BufferedIOBase) -> bool:
         return False
 
 
+def _bytes_left(stream: IO[bytes] | io.RawIOBase | io.BufferedIOBase) -> int | None:
+    """Bytes from a seekable stream's position to its end (None when it cannot say), so an
+    empty upload is ``empty`` as an empty file is."""
+    try:
+        here = stream.tell()
+        end = stream.seek(0, os.SEEK_END)
+        stream.seek(here)
+    except (AttributeError, OSError, ValueError):
+        return None
+    return end - here
+
+
 class AudioStream:
     """An open audio file yielding 16 kHz mono float32 blocks; close it (or use ``with``) to
     release the file and remove a temporary copy of standard input."""
@@ -200,15 +212,27 @@ class AudioStream:
                     f"the audio holds NaN or infinite samples near {self.position_s:.2f} s",
                 )
             out = resampler.process(np.ascontiguousarray(mono, dtype=np.float32))
+            self._check_converted(out)
             if out.size:
                 self._samples_out += out.size
                 yield out
         if self._frames_read == 0:
             raise _fail(info.source, "empty", "the file holds no audio (0 samples)")
         tail = resampler.flush()
+        self._check_converted(tail)
         if tail.size:
             self._samples_out += tail.size
             yield tail
+
+    def _check_converted(self, out: np.ndarray) -> None:
+        """Finite samples near float32's limit overflow the resampler's filter into NaN."""
+        if not np.all(np.isfinite(out)):
+            raise _fail(
+                self.source,
+                "bad_samples",
+                f"the audio holds samples too large to resample near {self.position_s:.2f} s "
+                "(float values far past full scale)",
+            )
 
     def read_all(self) -> np.ndarray:
         """Every block joined: the whole file as one 16 kHz mono array (for short clips)."""
@@ -293,7 +317,8 @@ def open_audio(
             spool = _spool(source)
             target = spool
     try:
-        if isinstance(target, Path) and target.stat().st_size == 0:
+        size = target.stat().st_size if isinstance(target, Path) else _bytes_left(target)
+        if size == 0:
             raise _fail(label, "empty", "the file is empty (0 bytes)")
         try:
             handle = soundfile.SoundFile(target)

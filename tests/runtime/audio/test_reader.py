@@ -238,6 +238,34 @@ def test_bad_input_through_a_pipe_leaves_no_copy(tmp_path: Path, private_tmp: Pa
     _assert_nothing_left(private_tmp)
 
 
+def test_an_empty_upload_is_empty_as_an_empty_file_is(private_tmp: Path) -> None:
+    """A seekable stream with no bytes left is refused as ``empty``, not as ``not_audio``."""
+    for stream in (io.BytesIO(b""), _at_end(b"RIFF")):
+        with pytest.raises(AudioReadError, match=r"^upload\.wav: the file is empty") as caught:
+            read_audio(stream, name="upload.wav")
+        assert caught.value.code == "empty"
+    _assert_nothing_left(private_tmp)
+
+
+def _at_end(data: bytes) -> io.BytesIO:
+    stream = io.BytesIO(data)
+    stream.seek(0, io.SEEK_END)
+    return stream
+
+
+def test_samples_too_large_to_resample_are_refused(tmp_path: Path) -> None:
+    """Finite float samples near float32's limit overflow the resampler: the output would be
+    NaN, so the file is refused as ``bad_samples`` instead of yielding it."""
+    path = tmp_path / "loud.wav"
+    samples = _tone(0.5, 8_000)
+    samples[100:103] = -3e38
+    sf.write(path, samples, 8_000, subtype="FLOAT")
+    with pytest.raises(AudioReadError, match=r"too large to resample") as caught:
+        read_audio(path)
+    assert caught.value.code == "bad_samples"
+    assert str(caught.value).startswith(f"{path}: ")
+
+
 def test_too_long_is_refused_before_reading(tmp_path: Path) -> None:
     path = tmp_path / "long.wav"
     sf.write(path, _tone(3.0, 16_000), 16_000)
