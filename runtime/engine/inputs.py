@@ -16,10 +16,26 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from runtime.errors import RequestCancelled, UsageError
+from runtime.errors import RequestCancelled, ResourceUnavailable, UsageError
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping, Sequence
+
+#: Fed bytes a program may be behind its caller: 64 MiB is 17 minutes of 16 kHz float32
+#: audio, so a live source never meets it, while a caller feeding far faster than the
+#: program reads is told at once instead of growing the process without bound.
+MAX_PENDING_INPUT_BYTES = 64 << 20
+
+
+def chunk_bytes(chunk: object) -> int:
+    """The bytes a fed chunk holds (arrays, mappings of arrays, bytes; 0 for anything else)."""
+    if isinstance(chunk, np.ndarray):
+        return int(chunk.nbytes)
+    if isinstance(chunk, bytes | bytearray | memoryview):
+        return len(chunk)
+    if isinstance(chunk, dict):
+        return sum(chunk_bytes(value) for value in chunk.values())
+    return 0
 
 
 class InputStream:
@@ -28,10 +44,15 @@ class InputStream:
     The caller-side state (``ended``) is guarded by a lock so that ``feed`` after
     ``end_input`` is refused in the caller's thread; the queue itself lives on the loop."""
 
-    def __init__(self, request_id: str) -> None:
+    def __init__(
+        self, request_id: str, *, max_pending_bytes: int = MAX_PENDING_INPUT_BYTES
+    ) -> None:
         self.request_id = request_id
         self._lock = threading.Lock()
         self._ended = False
+        #: Bytes fed and not yet read by the program (both sides, under the lock).
+        self._pending_bytes = 0
+        self.max_pending_bytes = max_pending_bytes
         self._loop: asyncio.AbstractEventLoop | None = None
         # Loop side: chunks not yet read, whether the end arrived, and a failure to raise.
         self._chunks: deque[Any] = deque()
@@ -61,8 +82,16 @@ class InputStream:
                     f"request {self.request_id}: its input has ended; feed() is accepted only "
                     "before end_input()"
                 )
+            size = chunk_bytes(chunk)
+            if self._pending_bytes and self._pending_bytes + size > self.max_pending_bytes:
+                raise ResourceUnavailable(
+                    f"request {self.request_id}: {self._pending_bytes} fed bytes are not read "
+                    f"yet and this chunk adds {size}; at most {self.max_pending_bytes} may "
+                    "wait: read the request's outputs or feed more slowly"
+                )
+            self._pending_bytes += size
             self.fed += 1
-            self._call(self._put, chunk)
+            self._call(self._put, (chunk, size))
 
     def end_threadsafe(self) -> None:
         """No more chunks (from any thread); idempotent."""
@@ -88,10 +117,22 @@ class InputStream:
         self._failure = exc
         self._wake()
 
-    def _put(self, chunk: Any) -> None:
+    def _put(self, item: tuple[Any, int]) -> None:
         if self._failure is None and not self._end:
-            self._chunks.append(chunk)
+            self._chunks.append(item)
             self._wake()
+        else:
+            self._read(item[1])
+
+    def _read(self, size: int) -> None:
+        with self._lock:
+            self._pending_bytes -= size
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes fed that the program has not read yet."""
+        with self._lock:
+            return self._pending_bytes
 
     def _put_end(self) -> None:
         self._end = True
@@ -109,7 +150,9 @@ class InputStream:
             if self._failure is not None:
                 raise self._failure
             if self._chunks:
-                return self._chunks.popleft()
+                chunk, size = self._chunks.popleft()
+                self._read(size)
+                return chunk
             if self._end:
                 raise StopAsyncIteration
             if self._ready is None:
