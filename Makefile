@@ -20,6 +20,12 @@ run: setup
 test: setup lint
 	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
 
+# The fast loop: every test that needs no vLLM, packaging, audio device, GUI window or real
+# speech model (markers set by fixture in tests/conftest.py; docs/testing.md has the tiers).
+UNIT_MARKERS := not slow and not vllm and not package and not audio and not gui and not model
+unit: setup
+	$(BIN)/pytest -m "$(UNIT_MARKERS)" $(PYTEST_ARGS)
+
 slow: setup
 	HYPOTHESIS_PROFILE=slow $(BIN)/pytest -m slow $(PYTEST_ARGS)
 
@@ -61,6 +67,9 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+typecheck: setup
+	$(BIN)/mypy
 
 setup: system-deps $(STAMP) $(BUNDLES_STAMP) voice bytecode
 

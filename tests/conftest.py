@@ -29,6 +29,33 @@ GRACE_S = 3.0
 SHM_PREFIX = "oe-"
 
 
+#: Fixtures that need what a marker stands for: a test using one gets the marker, so a tier
+#: (``make unit`` leaves out slow, vllm, package, audio, gui and model; see docs/testing.md)
+#: selects by need without listing tests.
+MARKER_FIXTURES = {
+    "vllm": ("vllm_env", "tiny_model", "smollm2_model"),
+    "audio": ("alsa_null", "jack_server"),
+    "gui": ("qtbot", "make_window"),
+    "package": ("wheelhouse", "project_wheel", "contracts_dist"),
+    # The exported voice (tests/helpers/voice.py: one export per session, about a minute).
+    "model": ("exported", "sessions", "voice"),
+}
+#: Folders whose every test gets the marker.
+MARKER_FOLDERS = {"package": Path(__file__).parent / "packaging"}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test by the fixtures it uses and the folder it is in."""
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        wanted = {marker for marker, fixtures in MARKER_FIXTURES.items() if used & set(fixtures)}
+        wanted |= {m for m, folder in MARKER_FOLDERS.items() if item.path.is_relative_to(folder)}
+        for marker in sorted(wanted):
+            if item.get_closest_marker(marker) is None:
+                item.add_marker(marker)
+
+
 def _shm_entries() -> set[str]:
     """The runtime's segments of this session (see :mod:`tests.helpers.shm`)."""
     return session_segments(SHM_PREFIX)

@@ -38,6 +38,8 @@ from tests.reliability.test_fuzz import FUZZ, Examples, examples
 
 __all__ = ["examples"]
 
+pytestmark = pytest.mark.model
+
 REPO = Path(__file__).resolve().parents[2]
 PIPELINE = REPO / "assets" / "pipelines" / "transcribe.yaml"
 MODEL = "transcribe"

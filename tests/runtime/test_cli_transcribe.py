@@ -31,6 +31,8 @@ from tests.runtime.engine.support import process_gone, shm_entries
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+pytestmark = pytest.mark.model
+
 REPO = Path(__file__).resolve().parents[2]
 PIPELINE = REPO / "assets" / "pipelines" / "transcribe.yaml"
 FIRST = "The quick brown fox jumps over the lazy dog."

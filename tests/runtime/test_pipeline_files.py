@@ -68,6 +68,7 @@ TRANSCRIBE = Path(__file__).resolve().parents[2] / "assets" / "pipelines" / "tra
 RECOGNISER_LINE = "exporting speech recogniser whisper 'tiny.en'"
 
 
+@pytest.mark.model
 def test_plan_on_a_fresh_data_folder_makes_the_recogniser_first_with_progress(
     data_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -87,6 +88,7 @@ def test_plan_on_a_fresh_data_folder_makes_the_recogniser_first_with_progress(
     assert lines == []
 
 
+@pytest.mark.model
 def test_run_on_a_fresh_data_folder_makes_the_recogniser_then_transcribes(
     data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
     from runtime.api import RequestHandle
 
+pytestmark = pytest.mark.model
+
 REPO = Path(__file__).resolve().parents[2]
 TRANSCRIBE = REPO / "assets" / "pipelines" / "transcribe.yaml"
 VAD = REPO / "tests" / "runtime" / "adapters" / "vad_pipeline.yaml"

@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 
     from runtime.adapters.vad import VadEvent
 
+pytestmark = pytest.mark.model
+
 RATE = 16000
 VOICE_RATE = 22050
 PIPELINE = os.path.join(os.path.dirname(__file__), "vad_pipeline.yaml")

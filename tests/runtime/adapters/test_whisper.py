@@ -51,6 +51,8 @@ if TYPE_CHECKING:
 
     from runtime.config import PipelineConfig
 
+pytestmark = pytest.mark.model
+
 REPO = Path(__file__).resolve().parents[3]
 PIPELINE = REPO / "assets" / "pipelines" / "transcribe.yaml"
 

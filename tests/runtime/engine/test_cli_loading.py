@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+
+import pytest
 
 from runtime.cli import main
 from runtime.errors import EXIT_OK
@@ -22,9 +23,6 @@ from runtime.events import (
 from runtime.records import ExecutionPlan, StageRecord
 from runtime.run_command import LoadReporter
 from tests.helpers.voice import SPEAK_PIPELINE, export_once
-
-if TYPE_CHECKING:
-    import pytest
 
 
 def _lines(err: str) -> list[str]:
@@ -48,6 +46,7 @@ def test_run_json_keeps_stdout_for_json_and_says_what_loads_on_stderr(
     assert lines[2].startswith("omni-edge: 1 stage(s) loaded in ")
 
 
+@pytest.mark.model
 def test_run_text_streams_stdout_and_reports_the_load_on_stderr(
     tmp_path: Path,
     tmp_path_factory: pytest.TempPathFactory,

@@ -28,7 +28,7 @@ from tests.runtime.engine.support import ENDLESS_STEPS, StageSpec, write_pipelin
 from tests.runtime.serve.support import API_KEY, REPO, ServeProcess, wait_until
 from tests.workers.support import make_loop_bundle
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
 
 RATE = 22050
 SPEECH_TEXT = "The river runs past the mountain. It is cold and clear in the morning."

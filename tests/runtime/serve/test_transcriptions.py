@@ -34,7 +34,7 @@ from runtime.devices.selection import DeviceSelection
 from runtime.serve.limits import ServeLimits
 from tests.runtime.serve.support import API_KEY, REPO, ServeProcess, wait_until
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.model, pytest.mark.timeout(600)]
 
 PIPELINE = REPO / "assets" / "pipelines" / "transcribe.yaml"
 MODEL = "transcribe"
