@@ -204,7 +204,10 @@ class AudioStream:
             self._frames_read += block.shape[0]
             if limit is not None and self.position_s > limit:
                 raise _too_long(info.source, self.position_s, limit, at_least=True)
-            mono = block[:, 0] if block.shape[1] == 1 else block.mean(axis=1, dtype=np.float32)
+            # Huge or infinite channels average to a non-finite sample, refused just below
+            # (not a RuntimeWarning, which a program running with -W error would raise).
+            with np.errstate(over="ignore", invalid="ignore"):
+                mono = block[:, 0] if block.shape[1] == 1 else block.mean(axis=1, dtype=np.float32)
             if not np.all(np.isfinite(mono)):
                 raise _fail(
                     info.source,

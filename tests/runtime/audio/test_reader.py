@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -264,6 +265,20 @@ def test_samples_too_large_to_resample_are_refused(tmp_path: Path) -> None:
         read_audio(path)
     assert caught.value.code == "bad_samples"
     assert str(caught.value).startswith(f"{path}: ")
+
+
+def test_channels_that_average_to_nan_are_bad_samples_without_a_warning(tmp_path: Path) -> None:
+    """Infinities of both signs in one frame average to NaN: a typed error, even where
+    warnings are errors (numpy would otherwise warn of an invalid value)."""
+    path = tmp_path / "inf.wav"
+    samples = _tone(0.5, 16_000, 2)
+    samples[100] = [np.inf, -np.inf]
+    sf.write(path, samples, 16_000, subtype="FLOAT")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(AudioReadError, match=r"NaN or infinite samples") as caught:
+            read_audio(path)
+    assert caught.value.code == "bad_samples"
 
 
 def test_too_long_is_refused_before_reading(tmp_path: Path) -> None:
