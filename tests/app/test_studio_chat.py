@@ -106,6 +106,9 @@ def assert_in_order(text: str, parts: list[str]) -> None:
         position = found + len(part)
 
 
+# make test covers this at a smaller scale: test_studio_chat_view.py reopens a conversation
+# after a restart in the real view, and the SmolLM2 test below sends turns through real vLLM.
+@pytest.mark.slow
 def test_a_conversation_carries_its_turns_and_reopens_after_a_restart(
     make_window: Callable[..., Any],
     qtbot: Any,
