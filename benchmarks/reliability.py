@@ -6,7 +6,8 @@ Four parts, each a real run (``make reliability`` runs this script):
    them): per fault the typed error, the recovery time against its bound, leaks, and
    whether the pipeline served again;
 2. the property fuzzers (Hypothesis) with ``--fuzz-examples`` examples per target (the
-   parsers, and ``POST /v1/audio/transcriptions`` serving the transcription pipeline);
+   parsers, the audio reader, and ``POST /v1/audio/transcriptions`` serving the
+   transcription pipeline);
 3. coverage-guided fuzzing with Atheris, ``--atheris-runs`` inputs per target, when Atheris
    is installed;
 4. the soak: ``--soak-requests`` requests across the add, MLP-chain and speech demos with
@@ -37,6 +38,8 @@ RESULTS = REPO_ROOT / "benchmarks" / "results" / "reliability.json"
 TESTS = REPO_ROOT / "tests" / "reliability"
 ATHERIS = REPO_ROOT / "benchmarks" / "fuzz_atheris.py"
 ATHERIS_TARGETS = ("frames", "manifests", "pipelines")
+#: The Hypothesis fuzz targets' files, run under the slow profile.
+FUZZ_FILES = ("test_fuzz.py", "test_fuzz_audio.py", "test_fuzz_transcriptions.py")
 EXECUTED = re.compile(r"stat::number_of_executed_units:\s*(\d+)")
 
 
@@ -121,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         fuzz = _pytest(
             "fuzz",
-            [str(TESTS / "test_fuzz.py"), str(TESTS / "test_fuzz_transcriptions.py")],
+            [str(TESTS / name) for name in FUZZ_FILES],
             "slow",
             {"HYPOTHESIS_PROFILE": "slow", "OMNI_FUZZ_EXAMPLES": str(args.fuzz_examples)},
             work,
