@@ -30,6 +30,9 @@ CLIP = (
 )
 
 
+# make screenshots runs it; make test covers it at a smaller scale: test_studio_dictate.py and
+# test_studio_transcribe.py (the same rounds offscreen), test_studio_screenshots.py (Xvfb).
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_screenshots_of_transcribing_and_dictating(
     jack_server: JackServer,

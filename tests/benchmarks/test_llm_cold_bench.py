@@ -146,6 +146,9 @@ def test_the_suite_runs_it_in_full_mode_only_and_declares_each_key_once() -> Non
         assert by_key[key].reason.startswith("quick mode leaves it out")
 
 
+# make bench runs it in full; make test covers it at a smaller scale: the sampler and figures
+# above, and tests/runtime/vllm/test_vllm_worker.py (one process; greedy text equals vLLM's).
+@pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.timeout(1800)
 @pytest.mark.usefixtures("smollm2_model")
