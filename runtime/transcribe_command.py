@@ -3,12 +3,15 @@ or standard input, and the built-in models made on first use.
 
 ``omni-edge transcribe FILE|- [PIPELINE]`` reads the audio block by block
 (:func:`~runtime.audio.reader.open_audio`: any format libsndfile reads, any rate and channel
-count, to 16 kHz mono with soxr), computes Whisper's features as the blocks arrive
-(:func:`~runtime.adapters.whisper_stream.prepare_stream`), then runs the pipeline
-(``assets/pipelines/transcribe.yaml`` by default) and prints each 30 s window's segment as it
-finishes. Bad audio is refused, naming the file and what is accepted, before any worker
-starts. For audio over a minute, progress goes to stderr (``omni-edge: transcribed 12:30 of
-2:00:00``); stdout holds only the transcript.
+count, to 16 kHz mono with soxr), computes Whisper's features as the blocks arrive into an
+anonymous temporary file (:func:`~runtime.adapters.whisper_stream.spool_stream`, 32 KB a
+second), then runs the pipeline (``assets/pipelines/transcribe.yaml`` by default), which reads
+each 30 s window back as it comes to it, and prints each window's segment as it finishes: a
+two-hour file needs the memory of one window, not of its audio or features. Bad audio is
+refused, naming the file and what is accepted, before any worker starts. For audio over a
+minute, progress goes to stderr as the other commands' does (``omni-edge: read 41:00 of
+2:00:00`` while reading, then ``omni-edge: transcribed 12:30 of 2:00:00`` after every window);
+stdout holds only the transcript.
 
 The command line registers both with :func:`add_transcribe_commands`; each handler returns an
 exit code and lets :class:`~runtime.errors.OmniError` reach the caller, which prints it.
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final
 
+from runtime.command_args import say
 from runtime.errors import EXIT_OK, UsageError
 
 if TYPE_CHECKING:
@@ -48,10 +52,6 @@ PROGRESS_FROM_S: Final = 60.0
 PROGRESS_EVERY_S: Final = 2.0
 #: The recognisers ``omni-edge model`` makes, by name.
 RECOGNISERS: Final = {"whisper-tiny.en": "tiny.en"}
-
-
-def _say(line: str) -> None:
-    print(f"omni-edge: {line}", file=sys.stderr, flush=True)
 
 
 def clock(seconds: float, *, style: str = "short") -> str:
@@ -199,7 +199,7 @@ def _checked_out(text: str | None) -> Path | None:
 def cmd_transcribe(args: argparse.Namespace) -> int:
     from runtime.adapters.whisper import TranscribeAdapter
     from runtime.adapters.whisper_export import export_missing_recognisers
-    from runtime.adapters.whisper_stream import prepare_stream
+    from runtime.adapters.whisper_stream import spool_stream
     from runtime.api import PipelineSession
     from runtime.assets import demo_pipeline
     from runtime.audio.reader import TARGET_RATE, open_audio
@@ -208,7 +208,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     out = _checked_out(args.out)
     pipeline = Path(args.pipeline) if args.pipeline else demo_pipeline("transcribe")
     # The recogniser is made on first use, before its manifests load.
-    export_missing_recognisers(pipeline, _say)
+    export_missing_recognisers(pipeline, say)
     # Nothing loads yet: the session reads the pipeline and makes its program.
     session = PipelineSession(pipeline)
     config = session.config
@@ -224,21 +224,21 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     # Bad audio is refused here, before any worker starts; a copy of stdin goes with the stream.
     with open_audio(args.file, max_seconds=limit) as stream:
         total_s = stream.duration_s
-        reading = _Progress("read", total_s, _say)
-        prepared = prepare_stream(
-            stream, bundles.n_mels, on_block=lambda n: reading(n / TARGET_RATE)
-        )
-    seconds = prepared.seconds
-    transcribing = _Progress("transcribed", seconds, _say)
+        reading = _Progress("read", total_s, say)
+        spooled = spool_stream(stream, bundles.n_mels, on_block=lambda n: reading(n / TARGET_RATE))
+    seconds = spooled.seconds
+    transcribing = _Progress("transcribed", seconds, say)
+    # Told after every window, on the engine's thread, until the session below is closed.
+    spooled.on_progress = lambda done, _total: transcribing(done)
     segments: list[TranscriptSegment] = []
     text = ""
     model = bundles.model_name
     streamed = fmt in ("timed", "text", "srt", "vtt")
     output = _Output(out)
     try:
-        with session:
+        with spooled, session:
             output.write(format_header(fmt) if streamed else "")
-            for result in session.submit(prepared):
+            for result in session.submit(spooled):
                 if result.finished:
                     text = result.text or ""
                     continue
@@ -253,7 +253,6 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
                 segments.append(segment)
                 if streamed:
                     output.write(format_segment(fmt, segment))
-                transcribing(segment.end)
         if not streamed:
             output.write(format_document(fmt, segments, text=text, duration=seconds, model=model))
         output.commit()
@@ -261,7 +260,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         output.discard()
     transcribing(seconds, force=True)
     if out is not None:
-        _say(f"wrote {len(segments)} segment(s) of {clock(seconds)} to {out}")
+        say(f"wrote {len(segments)} segment(s) of {clock(seconds)} to {out}")
     return EXIT_OK
 
 
@@ -311,7 +310,7 @@ def cmd_model_make(args: argparse.Namespace) -> int:
     if recogniser is None:
         raise UsageError(f"model {args.name!r} is not built in; accepted: {', '.join(RECOGNISERS)}")
     root = default_whisper_dir(recogniser)
-    bundles = ensure_whisper_bundles(recogniser, root, progress=_say)
+    bundles = ensure_whisper_bundles(recogniser, root, progress=say)
     print(f"{args.name}\t{bundles.model_name}\t{root}\t{_folder_size(root) / 1e6:.0f} MB")
     return EXIT_OK
 

@@ -4,7 +4,14 @@ A request is audio: ``{"audio": samples, "sample_rate": rate}`` (samples 1-D, or
 ``[samples, channels]``; float or 16/32-bit integer PCM; any rate). :meth:`TranscribeAdapter.prepare`
 checks it in the caller's thread, mixes it to mono, resamples it to 16 kHz with soxr and
 computes the log-mel features of the whole audio (:mod:`runtime.adapters.whisper_mel`; the
-normalisation uses the maximum over the whole audio, as faster-whisper does).
+normalisation uses the maximum over the whole audio, as faster-whisper does). A long file is
+given as :class:`~runtime.adapters.whisper_stream.SpooledFeatures` instead
+(:func:`~runtime.adapters.whisper_stream.spool_stream` computes them as the file is read, into
+an anonymous temporary file of 32 KB a second): each window is read back from disk when its turn
+comes, so memory stays that of one window however long the audio, and their ``on_progress`` is
+told the seconds transcribed after every window. A streaming request's fed audio is spooled
+the same way. No window is decoded before the whole audio is read, since its floor depends on
+the maximum over all of it.
 :meth:`TranscribeAdapter.run` then walks the features in 30 s windows, faster-whisper's way
 for ``beam_size=1, temperature=0, without_timestamps=True``:
 
@@ -57,9 +64,8 @@ from runtime.adapters.whisper_mel import (
     SAMPLE_RATE,
     PreparedAudio,
     log_mel,
-    window_features,
 )
-from runtime.adapters.whisper_stream import FeatureStream
+from runtime.adapters.whisper_stream import SpooledFeatures
 from runtime.config import GraphBackendConfig
 from runtime.errors import ConfigError, ModelError, UsageError
 from runtime.pipeline_input import AUDIO_INPUT
@@ -252,11 +258,13 @@ class TranscribeAdapter:
 
     # -- the program -------------------------------------------------------------------
 
-    def prepare(self, request_input: object) -> PreparedAudio:
+    def prepare(self, request_input: object) -> PreparedAudio | SpooledFeatures:
         """Audio (see the module) -> 16 kHz mono features; raises AudioInputError. No input
-        (None) is the example request: :data:`EXAMPLE_SENTENCE` spoken by the bundled voice."""
-        if isinstance(request_input, PreparedAudio):
-            return request_input
+        (None) is the example request: :data:`EXAMPLE_SENTENCE` spoken by the bundled voice.
+        Features already computed (:class:`PreparedAudio`, finished :class:`SpooledFeatures`)
+        are checked and taken as they are."""
+        if isinstance(request_input, (PreparedAudio, SpooledFeatures)):
+            return self._checked_features(request_input)
         if request_input is None:
             # The example request (a run without input): the bundled voice speaking a sentence.
             request_input = {"audio": spoken_clip(EXAMPLE_SENTENCE), "sample_rate": SAMPLE_RATE}
@@ -278,14 +286,41 @@ class TranscribeAdapter:
         if isinstance(rate, np.ndarray) and rate.size == 1 and rate.dtype.kind in "iu":
             rate = int(rate.reshape(-1)[0])
         audio = to_mono_16k(request_input["audio"], rate)
-        seconds = audio.size / SAMPLE_RATE
+        self._check_length(audio.size / SAMPLE_RATE)
+        return PreparedAudio(audio.size, log_mel(audio, self.bundles.n_mels))
+
+    def _check_length(self, seconds: float) -> None:
         if seconds > self.options.max_audio_s:
             raise AudioInputError(
                 f"the audio is {seconds:.1f} s long; accepted: at most "
                 f"{self.options.max_audio_s:g} s (adapter.options.max_audio_s)",
                 code="too_long",
             )
-        return PreparedAudio(audio.size, log_mel(audio, self.bundles.n_mels))
+
+    def _checked_features(
+        self, features: PreparedAudio | SpooledFeatures
+    ) -> PreparedAudio | SpooledFeatures:
+        n_mels = self.bundles.n_mels
+        if isinstance(features, SpooledFeatures):
+            found = features.n_mels
+            if features.closed or not features.finished:
+                state = "closed" if features.closed else "not finished"
+                raise AudioInputError(
+                    f"pipeline {self.config.pipeline}: spooled features that are {state}; "
+                    "accepted: features finished (spool_stream, or finish()) and still open",
+                    code="bad_samples",
+                )
+        else:
+            found = int(features.features.shape[0]) if features.features.ndim == 2 else -1
+        if found != n_mels or features.samples <= 0:
+            raise AudioInputError(
+                f"pipeline {self.config.pipeline}: features of {found} mel bands and "
+                f"{features.samples} samples; accepted: {n_mels} mel bands "
+                f"({self.bundles.model_name}) of at least one sample",
+                code="bad_samples",
+            )
+        self._check_length(features.seconds)
+        return features
 
     def prepare_chunk(self, chunk: object) -> np.ndarray:
         """One chunk of a streaming request: samples at 16 kHz (1-D, or [samples, channels];
@@ -312,29 +347,45 @@ class TranscribeAdapter:
         return np.array(to_mono_16k(audio, SAMPLE_RATE), dtype=np.float32, copy=True)
 
     async def run_streaming(self, ctx: RequestContext, chunks: InputStream) -> None:
-        """Features computed as the chunks arrive; the transcript once the input ends."""
-        features = FeatureStream(self.bundles.n_mels)
-        async for chunk in chunks:
-            features.feed(chunk)
-            if features.seconds > self.options.max_audio_s:
+        """Features computed as the chunks arrive, spooled to disk (memory stays that of one
+        batch however long the input); the transcript once the input ends."""
+        features = SpooledFeatures(self.bundles.n_mels)
+        try:
+            async for chunk in chunks:
+                features.feed(chunk)
+                if features.seconds > self.options.max_audio_s:
+                    raise AudioInputError(
+                        f"the audio fed reached {features.seconds:.1f} s; accepted: at most "
+                        f"{self.options.max_audio_s:g} s (adapter.options.max_audio_s)",
+                        code="too_long",
+                    )
+            if features.samples == 0:
                 raise AudioInputError(
-                    f"the audio fed reached {features.seconds:.1f} s; accepted: at most "
-                    f"{self.options.max_audio_s:g} s (adapter.options.max_audio_s)",
-                    code="too_long",
+                    f"pipeline {self.config.pipeline}: the streaming request ended with no "
+                    "audio; accepted: at least one sample fed before end_input()",
+                    code="empty",
                 )
-        if features.samples == 0:
-            raise AudioInputError(
-                f"pipeline {self.config.pipeline}: the streaming request ended with no audio; "
-                "accepted: at least one sample fed before end_input()",
-                code="empty",
-            )
-        await self.run(ctx, features.finish())
+            features.finish()
+        except BaseException:
+            features.close()
+            raise
+        await self.run(ctx, features)
 
-    async def run(self, ctx: RequestContext, prepared: PreparedAudio) -> None:
+    async def run(self, ctx: RequestContext, prepared: PreparedAudio | SpooledFeatures) -> None:
+        """The windows in order (see the module); spooled features are closed at the end."""
+        try:
+            await self._transcribe(ctx, prepared)
+        finally:
+            if isinstance(prepared, SpooledFeatures):
+                prepared.close()
+
+    async def _transcribe(
+        self, ctx: RequestContext, prepared: PreparedAudio | SpooledFeatures
+    ) -> None:
         bundles = self.bundles
         rules = bundles.rules
-        features = prepared.features
-        content = features.shape[1] - 1
+        content = prepared.frames - 1
+        report = prepared.report if isinstance(prepared, SpooledFeatures) else None
         cache = bundles.cache()
         decoder_name = ctx.stage_name(DECODER_STAGE)
         seek = 0
@@ -344,9 +395,8 @@ class TranscribeAdapter:
         encoder_s = decoder_s = 0.0
         while seek < content:
             size = min(FRAMES_PER_WINDOW, content - seek)
-            encoded = await ctx.call(
-                ENCODER_STAGE, {"mel": window_features(features, seek, size)}, hold=True
-            )
+            # A spooled window is read back from disk here; the rest of the audio stays there.
+            encoded = await ctx.call(ENCODER_STAGE, {"mel": prepared.window(seek, size)}, hold=True)
             encoder_s += encoded.run_s
             windows += 1
             try:
@@ -382,23 +432,22 @@ class TranscribeAdapter:
             result = window.result()
             start = seek * FRAME_S
             seek += size
-            if result.is_silence:
-                continue
-            segment = self._segment(result.tokens, start, size)
-            if segment.start == segment.end or not segment.text.strip():
-                continue
-            history.extend(segment.tokens)
-            segments.append(segment)
-            await ctx.emit(
-                {
-                    "tokens": np.array(segment.tokens, dtype=np.int64),
-                    "start_s": np.float64(segment.start),
-                    "end_s": np.float64(segment.end),
-                    "segment_index": np.int64(len(segments) - 1),
-                },
-                stage=decoder_name,
-                text=segment.text,
-            )
+            segment = None if result.is_silence else self._segment(result.tokens, start, size)
+            if segment is not None and segment.start != segment.end and segment.text.strip():
+                history.extend(segment.tokens)
+                segments.append(segment)
+                await ctx.emit(
+                    {
+                        "tokens": np.array(segment.tokens, dtype=np.int64),
+                        "start_s": np.float64(segment.start),
+                        "end_s": np.float64(segment.end),
+                        "segment_index": np.int64(len(segments) - 1),
+                    },
+                    stage=decoder_name,
+                    text=segment.text,
+                )
+            if report is not None:
+                report(seek * FRAME_S if seek < content else prepared.seconds)
         wall = time.perf_counter() - ctx.request.submitted_at
         await ctx.emit(
             {"segment_index": np.int64(len(segments))},

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 
@@ -26,6 +26,7 @@ __all__ = [
     "PreparedAudio",
     "log_mel",
     "mel_filters",
+    "normalise_features",
     "window_features",
 ]
 
@@ -49,6 +50,15 @@ class PreparedAudio:
     @property
     def seconds(self) -> float:
         return self.samples / SAMPLE_RATE
+
+    @property
+    def frames(self) -> int:
+        """Frames of features (the audio's samples // 160 + 1)."""
+        return int(self.features.shape[1])
+
+    def window(self, start: int, size: int) -> np.ndarray:
+        """Frames ``start .. start + size`` as one encoder window (see :func:`window_features`)."""
+        return window_features(self.features, start, size)
 
 
 @functools.cache
@@ -75,9 +85,16 @@ def mel_filters(n_mels: int = 80) -> np.ndarray:
     return filters
 
 
-def log_mel(audio: np.ndarray, n_mels: int = 80, *, block_frames: int = BLOCK_FRAMES) -> np.ndarray:
+def log_mel(
+    audio: np.ndarray,
+    n_mels: int = 80,
+    *,
+    block_frames: int = BLOCK_FRAMES,
+    normalise: bool = True,
+) -> np.ndarray:
     """The log-mel features ``[n_mels, frames]`` (float32) of 16 kHz mono audio (see the
-    module); ``frames`` is ``len(audio) // 160 + 1``.
+    module); ``frames`` is ``len(audio) // 160 + 1``. ``normalise=False`` leaves out the floor
+    and scaling (:func:`normalise_features` applies them later, given the whole audio's maximum).
 
     The spectrum is computed ``block_frames`` frames at a time into the result, so the memory
     beside the audio and the features stays that of one block whatever the audio's length;
@@ -98,10 +115,18 @@ def log_mel(audio: np.ndarray, n_mels: int = 80, *, block_frames: int = BLOCK_FR
         stft = np.fft.rfft(frames[start:end] * window, n=N_FFT, axis=-1).T.astype(np.complex64)
         magnitudes = np.abs(stft) ** 2
         features[:, start:end] = np.log10(np.clip(filters @ magnitudes, a_min=1e-10, a_max=None))
-    np.maximum(features, features.max() - 8.0, out=features)
+    if normalise:
+        normalise_features(features, features.max())
+    return features
+
+
+def normalise_features(features: np.ndarray, maximum: np.floating[Any]) -> None:
+    """Whisper's floor and scaling, in place: ``(max(x, maximum - 8) + 4) / 4``, ``maximum``
+    being the unnormalised features' maximum over the whole audio. Element by element, so a
+    slice normalised alone equals the same slice of the whole normalised at once."""
+    np.maximum(features, maximum - 8.0, out=features)
     features += 4.0
     features /= 4.0
-    return features
 
 
 def window_features(features: np.ndarray, start: int, size: int) -> np.ndarray:
