@@ -9,6 +9,12 @@ audio bit for bit. What stays is the features (32 KB a second of audio: 19 MB fo
 230 MB for two hours) and one batch (about 4 MB of samples), against 64 KB a second for the
 audio itself. The features are normalised once at the end, since Whisper floors them at
 their maximum over the whole audio less 8.
+
+:func:`spool_stream` (and :class:`SpooledFeatures`, fed block by block) keeps not even the
+features in memory: each batch goes to an anonymous temporary file as it is computed, only the
+running maximum stays, and the transcription adapter reads each 30 s window back and normalises
+it when its turn comes. That is what ``omni-edge transcribe`` uses: a two-hour file needs the
+memory of one batch and one window, and 230 MB of temporary disk.
 """
 
 from __future__ import annotations

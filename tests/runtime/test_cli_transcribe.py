@@ -424,10 +424,12 @@ def test_features_of_a_long_file_need_their_own_memory_only(tmp_path: Path) -> N
     sf.write(warm, minute[: 5 * 44_100], 44_100)
     script = textwrap.dedent(
         """
-        import resource, sys
+        import sys
+        from benchmarks.rss import peak_rss_bytes
         from runtime.adapters.whisper_stream import spool_stream
         from runtime.audio.reader import open_audio
-        peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        # This process's own high-water mark (getrusage's would start at pytest's size).
+        peak = lambda: peak_rss_bytes() / 2**20
         with open_audio(sys.argv[2]) as stream:
             spool_stream(stream).close()
         before = peak()

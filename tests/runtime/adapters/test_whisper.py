@@ -1,5 +1,6 @@
 """The built-in speech recogniser: the CTranslate2 reader, the log-mel front end, the export,
-the transcription adapter's input checks, and the pipeline against faster-whisper.
+the transcription adapter's input checks, and the pipeline against faster-whisper (in memory
+and from features spooled to disk).
 
 The export runs once per module into a temporary data folder (through the adapter's first-use
 path); the pipeline tests run the two graph stages in real ONNX Runtime workers. Exactness is
@@ -36,7 +37,8 @@ from runtime.adapters.whisper_export import (
     missing_recognisers,
     spoken_clips,
 )
-from runtime.adapters.whisper_mel import BLOCK_FRAMES, log_mel
+from runtime.adapters.whisper_mel import BLOCK_FRAMES, PreparedAudio, log_mel
+from runtime.adapters.whisper_stream import SpooledFeatures, spool_stream
 from runtime.api import Omni
 from runtime.config import GraphBackendConfig, load_pipeline
 from runtime.devices import discover_topology
@@ -455,6 +457,54 @@ def test_long_audio_goes_in_windows_with_the_previous_text(
     assert [s["start"] for s in metrics["segments"]] == [0.0, 30.0]
     assert tokens == ref_tokens
     assert text == ref_text
+
+
+def test_spooled_features_give_the_same_transcript_with_progress(
+    config: PipelineConfig, long_clip: np.ndarray
+) -> None:
+    """Features spooled to disk as the audio arrives (a file's path through ``omni-edge
+    transcribe``) give the in-memory request's tokens, text and segment times; progress is
+    told after each window; the request lets the file go when it ends."""
+    ((tokens, text, metrics),) = pipeline_transcripts(config, [long_clip])
+    spooled = spool_stream(long_clip[i : i + 24_000] for i in range(0, long_clip.size, 24_000))
+    seen: list[tuple[float, float]] = []
+    spooled.on_progress = lambda done, total: seen.append((done, total))
+    with Omni(config, **_engine()) as omni:
+        outputs = list(omni.generate(spooled))
+    final = outputs[-1]
+    assert final.finished
+    assert [int(t) for output in outputs[:-1] for t in output.outputs["tokens"]] == tokens
+    assert final.text == text
+    assert final.metrics["segments"] == metrics["segments"]
+    seconds = long_clip.size / 16000
+    assert seen == [(30.0, seconds), (seconds, seconds)]
+    assert spooled.closed
+
+
+def test_spooled_features_are_checked(adapter: TranscribeAdapter) -> None:
+    audio = np.zeros(16000, np.float32)
+    unfinished = SpooledFeatures()
+    unfinished.feed(audio)
+    with pytest.raises(AudioInputError, match="spooled features that are not finished"):
+        adapter.prepare(unfinished)
+    unfinished.finish().close()
+    with pytest.raises(AudioInputError, match="spooled features that are closed"):
+        adapter.prepare(unfinished)
+    with (
+        spool_stream([audio], n_mels=128) as other,
+        pytest.raises(AudioInputError, match="features of 128 mel bands") as refused,
+    ):
+        adapter.prepare(other)
+    assert refused.value.code == "bad_samples"
+    with pytest.raises(AudioInputError, match="0 samples; accepted: 80 mel bands"):
+        adapter.prepare(PreparedAudio(0, np.zeros((80, 1), np.float32)))
+    limited = TranscribeAdapter.__new__(TranscribeAdapter)
+    limited.config, limited.bundles = adapter.config, adapter.bundles
+    limited.options = dataclasses.replace(adapter.options, max_audio_s=0.5)
+    with spool_stream([audio]) as long, pytest.raises(AudioInputError) as too_long:
+        limited.prepare(long)
+    assert too_long.value.code == "too_long"
+    assert "1.0 s long; accepted: at most 0.5 s" in str(too_long.value)
 
 
 def test_silence_noise_and_late_speech_match_faster_whisper(config: PipelineConfig) -> None:
