@@ -44,7 +44,8 @@ MARKER_FIXTURES = {
 MARKER_FOLDERS = {"package": Path(__file__).parent / "packaging"}
 
 
-@pytest.hookimpl(trylast=True)
+# First: the -m selection (pytest's own hook of this name) must see the markers.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark each test by the fixtures it uses and the folder it is in."""
     for item in items:
