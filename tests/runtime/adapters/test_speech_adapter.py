@@ -74,11 +74,9 @@ def _engine(machine: Topology) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def adapter(tmp_path_factory: pytest.TempPathFactory) -> SpeechAdapter:
+def adapter(exported: Exported) -> SpeechAdapter:
     """The speech adapter on the session's bundles (no stage started)."""
-    from tests.helpers.voice import export_once
-
-    config = speak_config(export_once(tmp_path_factory))
+    config = speak_config(exported)
     assert config.adapter is not None
     return SpeechAdapter(config, config.adapter.options)
 
