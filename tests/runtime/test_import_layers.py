@@ -24,8 +24,9 @@ def test_the_runtime_layers_place_every_module_and_exempt_no_import() -> None:
     assert contract["exhaustive"] is True
     assert "ignore_imports" not in contract
     assert "exhaustive_ignores" not in contract
-    # The bottom layer holds the leaves: the wire contracts, the errors and the event values.
-    assert contract["layers"][-1] == "contracts | errors | events"
+    # The bottom layers hold the leaves: the wire contracts, the errors and the event values,
+    # and below them the frozen records and metrics the events carry.
+    assert contract["layers"][-2:] == ["contracts | errors | events", "records | metrics"]
 
 
 def test_every_import_contract_is_kept() -> None:
