@@ -222,6 +222,9 @@ def test_smollm2_renders_the_turns_with_its_chat_template(
     assert prompt.endswith("<|im_start|>user\nAnd of Italy?<|im_end|>\n<|im_start|>assistant\n")
 
 
+# make test covers it at a smaller scale: tests/runtime/serve/test_serve_demos_together.py (the
+# four demos with real vLLM, loaded together) and test_studio_capacities.py (the window's ledger).
+@pytest.mark.slow
 def test_the_four_demos_load_together_in_one_window(
     make_window: Callable[..., Any],
     qtbot: Any,

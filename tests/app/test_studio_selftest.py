@@ -68,6 +68,9 @@ def test_the_self_test_runs_the_graph_demos_and_exits_zero(demo_root: Path, tmp_
     assert not (tmp_path / "config" / "devices.json").exists()  # the user's selection is untouched
 
 
+# make test covers it at a smaller scale: test_studio_transcribe.py's self-test makes the
+# recogniser on opening the demo and transcribes the voice (one recogniser export fewer).
+@pytest.mark.slow
 def test_the_self_test_makes_the_recogniser_and_transcribes_the_spoken_sentence(
     demo_root: Path, tmp_path: Path
 ) -> None:

@@ -68,6 +68,9 @@ TRANSCRIBE = Path(__file__).resolve().parents[2] / "assets" / "pipelines" / "tra
 RECOGNISER_LINE = "exporting speech recogniser whisper 'tiny.en'"
 
 
+# A second recogniser export: make test covers it at a smaller scale, with the run test below
+# (the same first-use export, then a transcript) and test_whisper.py's first-use export.
+@pytest.mark.slow
 @pytest.mark.model
 def test_plan_on_a_fresh_data_folder_makes_the_recogniser_first_with_progress(
     data_dir: Path, capsys: pytest.CaptureFixture[str]
