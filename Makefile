@@ -21,8 +21,9 @@ test: setup lint
 	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
 
 # The fast loop: every test that needs no vLLM, packaging, audio device, GUI window or real
-# speech model (markers set by fixture in tests/conftest.py; docs/testing.md has the tiers).
-UNIT_MARKERS := not slow and not vllm and not package and not audio and not gui and not model
+# speech model, and not the fault matrix (markers set by fixture in tests/conftest.py;
+# docs/testing.md has the tiers). make test runs them all.
+UNIT_MARKERS := not slow and not vllm and not package and not audio and not gui and not model and not faults
 unit: setup
 	$(BIN)/pytest -m "$(UNIT_MARKERS)" $(PYTEST_ARGS)
 

@@ -30,7 +30,7 @@ SHM_PREFIX = "oe-"
 
 
 #: Fixtures that need what a marker stands for: a test using one gets the marker, so a tier
-#: (``make unit`` leaves out slow, vllm, package, audio, gui and model; see docs/testing.md)
+#: (``make unit`` leaves out slow, vllm, package, audio, gui, model and faults; docs/testing.md)
 #: selects by need without listing tests.
 MARKER_FIXTURES = {
     "vllm": ("vllm_env", "tiny_model", "smollm2_model"),
@@ -39,6 +39,8 @@ MARKER_FIXTURES = {
     "package": ("wheelhouse", "project_wheel", "contracts_dist"),
     # The exported voice (tests/helpers/voice.py: one export per session, about a minute).
     "model": ("exported", "sessions", "voice"),
+    # The reliability fault matrix: hung calls and kills waited out to their deadlines.
+    "faults": ("fault_run",),
 }
 #: Folders whose every test gets the marker.
 MARKER_FOLDERS = {"package": Path(__file__).parent / "packaging"}
