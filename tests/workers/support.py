@@ -49,10 +49,10 @@ def identity_of(manifest_path: Path) -> str:
     return hashlib.sha256(manifest_path.read_bytes()).hexdigest()
 
 
-def loop_weights() -> np.ndarray:
+def loop_weights(width: int = LOOP_WIDTH) -> np.ndarray:
     """The fixed weight matrix of :func:`make_loop_bundle`."""
     rng = np.random.default_rng(7)
-    weights = rng.standard_normal((LOOP_WIDTH, LOOP_WIDTH)) / np.sqrt(LOOP_WIDTH)
+    weights = rng.standard_normal((width, width)) / np.sqrt(width)
     return np.asarray(weights, dtype=np.float32)
 
 
@@ -64,13 +64,13 @@ def loop_reference(x: np.ndarray, steps: int) -> np.ndarray:
     return state
 
 
-def make_loop_bundle(tmp_path: Path) -> Path:
+def make_loop_bundle(tmp_path: Path, *, rows: int = LOOP_ROWS, width: int = LOOP_WIDTH) -> Path:
     """A graph that runs ``s = tanh(s @ W)`` for ``n`` steps, ``n`` being an input.
 
-    Inputs: ``x`` float32 [LOOP_ROWS, LOOP_WIDTH] (1 MiB) and ``n`` int64 scalar (the example
-    uses 1). A call with a huge ``n`` runs for hours unless it is cancelled.
+    Inputs: ``x`` float32 [rows, width] (by default [LOOP_ROWS, LOOP_WIDTH], 1 MiB) and ``n``
+    int64 scalar (the example uses 1). A call with a huge ``n`` runs for hours unless it is
+    cancelled; it stops after the step it is in, so wide steps make a call slow to stop.
     """
-    width = LOOP_WIDTH
     body = helper.make_graph(
         [
             helper.make_node("MatMul", ["state_in", "W"], ["product"], name="step_matmul"),
@@ -81,11 +81,11 @@ def make_loop_bundle(tmp_path: Path) -> Path:
         [
             helper.make_tensor_value_info("iteration", TensorProto.INT64, []),
             helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-            helper.make_tensor_value_info("state_in", TensorProto.FLOAT, [LOOP_ROWS, width]),
+            helper.make_tensor_value_info("state_in", TensorProto.FLOAT, [rows, width]),
         ],
         [
             helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-            helper.make_tensor_value_info("state_out", TensorProto.FLOAT, [LOOP_ROWS, width]),
+            helper.make_tensor_value_info("state_out", TensorProto.FLOAT, [rows, width]),
         ],
     )
     graph = helper.make_graph(
@@ -97,11 +97,11 @@ def make_loop_bundle(tmp_path: Path) -> Path:
         ],
         "loop",
         [
-            helper.make_tensor_value_info("x", TensorProto.FLOAT, [LOOP_ROWS, width]),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, width]),
             helper.make_tensor_value_info("n", TensorProto.INT64, []),
         ],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [LOOP_ROWS, width])],
-        initializer=[numpy_helper.from_array(loop_weights(), "W")],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, width])],
+        initializer=[numpy_helper.from_array(loop_weights(width), "W")],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     model.ir_version = IR_VERSION
@@ -109,7 +109,7 @@ def make_loop_bundle(tmp_path: Path) -> Path:
     source = tmp_path / "src-loop"
     source.mkdir()
     onnx.save_model(model, str(source / "loop.onnx"))
-    x = np.random.default_rng(8).standard_normal((LOOP_ROWS, width)).astype(np.float32)
+    x = np.random.default_rng(8).standard_normal((rows, width)).astype(np.float32)
     np.savez(source / "inputs.npz", x=x, n=np.array(1, np.int64))
     bundle = create_bundle(source / "loop.onnx", source / "inputs.npz", tmp_path / "loop")
     return bundle.manifest_path

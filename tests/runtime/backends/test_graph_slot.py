@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -160,10 +161,21 @@ def test_closing_with_a_retained_result_frees_the_slot_and_settles_the_reservati
     assert ledger.snapshot().is_empty
 
 
+#: A loop whose every step is one MatMul of a quarter of a second or more on two cores: a
+#: cancelled call is still inside its step when the retirement's deadline (none) has passed.
+WIDE_STEP = 2560
+
+
+@pytest.fixture(scope="module")
+def wide_loop_manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_loop_bundle(tmp_path_factory.mktemp("wide"), rows=WIDE_STEP, width=WIDE_STEP)
+
+
 def test_an_in_process_call_running_past_its_deadline_keeps_the_reservation_until_it_ends(
-    loop_manifest: Path, caplog: pytest.LogCaptureFixture
+    wide_loop_manifest: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    route = RouteConfig("here", "bundled", "inprocess", "cpu", "posix", 4 * MiB)
+    loop_manifest = wide_loop_manifest
+    route = RouteConfig("here", "bundled", "inprocess", "cpu", "posix", 64 * MiB)
     spec = GraphStageSpec(name="stage-0", bundle=verify_bundle(loop_manifest), route=route)
     ledger = ResourceLedger(name="slot-quarantine")
     ledger.declare_capacities({"machine:ram": 1 << 30})
@@ -179,15 +191,21 @@ def test_an_in_process_call_running_past_its_deadline_keeps_the_reservation_unti
 
     async def scenario() -> None:
         await client.start()
+        # One step's time on this machine now: the cancel lands in the middle of the first.
+        started = time.monotonic()
+        await client.call(RequestKey("one-step"), _inputs(loop_manifest, 1))
+        step_s = time.monotonic() - started
+        assert client.acknowledge(RequestKey("one-step"))
         key = RequestKey("endless")
         call = asyncio.create_task(client.call(key, _inputs(loop_manifest, ENDLESS_STEPS)))
         while _slot(client) is None:
             await asyncio.sleep(0.01)
+        await asyncio.sleep(step_s / 3)
         await client.cancel(key)
         with pytest.raises(RequestCancelled):
             await call
-        # The call stops at its next node; its end releases the reservation.
-        for _ in range(500):
+        # The call stops after the step it is in; its end releases the reservation.
+        for _ in range(1000):
             if ledger.snapshot().is_empty:
                 break
             await asyncio.sleep(0.01)
