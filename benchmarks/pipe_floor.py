@@ -134,7 +134,11 @@ def measure_floor(
                 if copies:
                     for name, array in feed.items():
                         np.copyto(views_in[name], array)
-                os.write(write_fd, b"c")
+                try:
+                    os.write(write_fd, b"c")
+                except BrokenPipeError:
+                    # A worker that ended before the call closed its end of the pipe.
+                    raise RuntimeError("the floor's worker stopped") from None
                 if os.read(read_fd, 1) != b"r":
                     raise RuntimeError("the floor's worker stopped")
                 if copies:

@@ -39,6 +39,13 @@ def _count(monkeypatch: pytest.MonkeyPatch) -> tuple[Counter[Path], Counter[str]
     return hashed, parsed
 
 
+@pytest.fixture(autouse=True)
+def _fine_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test folders are on file systems that stamp changes to the nanosecond (tmpfs,
+    ext4): a tick of 0.2 s stands in for FAT's 2 s, which would make each settle wait 2 s."""
+    monkeypatch.setattr(runtime.artifacts, "STAMP_GRANULARITY_S", 0.2)
+
+
 def _settle(folder: Path) -> None:
     """Wait until every file under ``folder`` last changed more than the file system's clock
     tick ago (a report of files changed more recently never stands for hashing them)."""

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["smollm2_model", "vllm_env"]
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(4 * START_TIMEOUT_S)]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(4 * START_TIMEOUT_S)]
 
 QUESTION = "What is the capital of France?"
 
@@ -79,7 +79,6 @@ def _dialog_for(window: Any, source: Path, vllm_env: EnvInfo) -> Any:
 
 # make test covers this at a smaller scale: tests/runtime/vllm/test_model_import_gguf.py answers
 # from an imported GGUF file on real vLLM, test_studio_add_model.py adds models in the dialog.
-@pytest.mark.slow
 def test_a_gguf_file_added_in_the_studio_answers_in_the_window(
     qtbot: Any,
     make_window: Any,

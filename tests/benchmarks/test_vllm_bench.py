@@ -50,6 +50,7 @@ def test_figures_compare_the_two_sides_and_say_they_were_interleaved() -> None:
     assert [figure.note for figure in met] == ["", ""]
 
 
+@pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.timeout(1200)
 def test_both_engines_take_turns_on_the_same_requests(

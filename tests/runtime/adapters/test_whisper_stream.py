@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 BATCH_SAMPLES = (BLOCK_FRAMES - 1) * HOP_LENGTH + 400
+#: Two batches and a little (two minutes): ``make slow``; ``make test`` has one batch and 1.6.
+TWO_BATCHES = pytest.param(2 * BATCH_SAMPLES + 123, marks=pytest.mark.slow, id="two-batches")
 
 
 @pytest.mark.parametrize(
@@ -36,7 +38,8 @@ BATCH_SAMPLES = (BLOCK_FRAMES - 1) * HOP_LENGTH + 400
         BATCH_SAMPLES - 560,
         BATCH_SAMPLES - 559,
         BATCH_SAMPLES,
-        2 * BATCH_SAMPLES + 123,
+        95 * 16_000,
+        TWO_BATCHES,
     ],
 )
 @pytest.mark.parametrize("block", [999, 16_000, 65_536])
@@ -60,7 +63,7 @@ def test_an_empty_stream_is_refused() -> None:
         prepare_stream(iter([np.zeros(0, np.float32)]))
 
 
-@pytest.mark.parametrize("samples", [50, 1_600, BATCH_SAMPLES - 560, 2 * BATCH_SAMPLES + 123])
+@pytest.mark.parametrize("samples", [50, 1_600, BATCH_SAMPLES - 560, TWO_BATCHES])
 def test_features_computed_as_blocks_are_fed_equal_the_whole(samples: int) -> None:
     rng = np.random.default_rng(samples)
     audio = (0.1 * rng.standard_normal(samples)).astype(np.float32)
@@ -88,7 +91,7 @@ def _windows(features: np.ndarray) -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize(
-    "samples", [1, 1_599, 1_600, 16_000, BATCH_SAMPLES, 2 * BATCH_SAMPLES + 123, 95 * 16_000]
+    "samples", [1, 1_599, 1_600, 16_000, BATCH_SAMPLES, 95 * 16_000, TWO_BATCHES]
 )
 @pytest.mark.parametrize("block", [999, 65_536])
 def test_spooled_windows_equal_the_whole_features_windows(samples: int, block: int) -> None:
@@ -121,7 +124,7 @@ def test_spooled_windows_equal_the_whole_features_windows(samples: int, block: i
 
 def test_spooled_features_fed_in_32_ms_frames_equal_the_whole() -> None:
     rng = np.random.default_rng(7)
-    audio = (0.1 * rng.standard_normal(2 * BATCH_SAMPLES + 5_000)).astype(np.float32)
+    audio = (0.1 * rng.standard_normal(BATCH_SAMPLES + 5_000)).astype(np.float32)
     spooled = SpooledFeatures()
     for begin in range(0, audio.size, 512):
         spooled.feed(audio[begin : begin + 512])

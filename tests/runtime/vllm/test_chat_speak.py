@@ -388,6 +388,7 @@ stages:
     assert ledger.snapshot().is_empty
 
 
+@pytest.mark.slow
 def test_run_answers_a_question_aloud_and_writes_the_request_wav(
     vllm_env: EnvInfo, smollm2_model: Path, tmp_path: Path
 ) -> None:

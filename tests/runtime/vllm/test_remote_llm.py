@@ -451,6 +451,7 @@ def test_an_unknown_model_name_lists_the_offered_model(server: VllmServer) -> No
     assert not client.usable
 
 
+@pytest.mark.slow
 def test_killing_the_server_mid_stream_is_connection_lost(
     pool: ServerPool, server: VllmServer
 ) -> None:
