@@ -40,6 +40,7 @@ REPLY_MS = START_TIMEOUT_S * 1000
 FIRST = "Tell me about the river and the mountain."
 SECOND = "And what about the sea?"
 THIRD = "One more thing."
+LONG_REPLY_TOKENS = 400
 
 
 @pytest.fixture
@@ -174,7 +175,9 @@ def test_stop_in_the_middle_of_a_reply_keeps_the_model_loaded(
     tiny_model: Path,
     tmp_path: Path,
 ) -> None:
-    pipeline = chat_pipeline(tmp_path, tiny_model, name="long", tokens=1500)
+    # Long enough that Stop lands mid-reply (about 4 s on two cores), short enough that the
+    # next reply, generated whole, stays quick.
+    pipeline = chat_pipeline(tmp_path, tiny_model, name="long", tokens=LONG_REPLY_TOKENS)
     window = make_window()
     open_pipeline(qtbot, window, pipeline)
     chat = window.chat
@@ -190,7 +193,7 @@ def test_stop_in_the_middle_of_a_reply_keeps_the_model_loaded(
     assert window.bridge.state is RunState.LOADED
     turn = chat.conversation.turns[-1]
     assert (turn.role, turn.status) == ("assistant", "stopped")
-    assert 0 < len(turn.content.split()) < 1500
+    assert 0 < len(turn.content.split()) < LONG_REPLY_TOKENS
     assert "stopped" in chat.transcript.toPlainText()
     assert chat.send_button.isEnabled()
     # The next reply comes from the same worker, with the stopped reply in its prompt.

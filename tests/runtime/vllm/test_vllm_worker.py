@@ -136,117 +136,112 @@ def test_greedy_generation_matches_vllm_directly_token_for_token(
     asyncio.run(scenario())
 
 
-def test_abort_frees_the_slot_quickly_and_the_worker_serves_on(
+async def _one_process_refusing_and_aborting_in_the_engine(client: VllmStageClient) -> None:
+    """The tree is the worker alone; a refused and an aborted request free what they held."""
+    assert client.pid is not None
+    worker = psutil.Process(client.pid)
+    ready = client.ready
+    assert ready is not None
+    assert ready.processes == 1
+    assert worker.children(recursive=True) == []
+
+    # A request the engine refuses fails alone, holding nothing.
+    too_long = [1] * (ENGINE_ARGS.max_model_len + 10)
+    refused = await client.generate(RequestKey("too-long"), too_long, SHORT)
+    with pytest.raises(ModelError, match=r"request_failed: .*maximum context length is 2048"):
+        await refused.__anext__()
+    assert client.in_flight == ()
+    assert (await client.stats()).in_flight == 0
+
+    kept = await client.generate(RequestKey("kept"), "The river", LONG)
+    dropped = await client.generate(RequestKey("dropped"), "The mountain", LONG)
+    await _first_tokens(kept, 4)
+    await _first_tokens(dropped, 4)
+    # Generating, the tree is still the worker alone: no engine-core or model process.
+    assert worker.children(recursive=True) == []
+    assert (await client.stats()).in_flight == 2
+
+    assert await client.abort(dropped.key)
+    with pytest.raises(RequestCancelled, match="dropped was aborted"):
+        await dropped.__anext__()
+    # The count is the engine scheduler's own: the aborted request left it (and its KV
+    # cache blocks) while the other one goes on streaming.
+    stats = await client.stats()
+    assert stats.in_flight == 1
+    assert stats.processes == 1
+    assert await _first_tokens(kept, 4) >= 4
+
+    await kept.aclose()
+    assert (await client.stats()).in_flight == 0
+    _, tokens, _, reason = await _collect(client, RequestKey("after"), "Hello", SHORT)
+    assert len(tokens) == SHORT.max_tokens
+    assert reason == "length"
+    assert worker.children(recursive=True) == []
+    assert client.pid == worker.pid
+
+    # Idle, the worker waits on its input: it does not step or poll the engine.
+    await asyncio.sleep(0.5)
+    before = sum(worker.cpu_times()[:2])
+    await asyncio.sleep(IDLE_WINDOW_S)
+    idle_cpu_s = sum(worker.cpu_times()[:2]) - before
+    assert idle_cpu_s < IDLE_CPU_BOUND_S, f"{idle_cpu_s:.2f} s of CPU while idle"
+
+
+async def _four_in_flight_and_an_abort_that_frees_a_slot(client: VllmStageClient) -> None:
+    """At max_num_seqs the fifth is refused; an abort frees its slot quickly; it serves on."""
+    pid = client.pid
+    first = await client.generate(RequestKey("long-a"), "The river", LONG)
+    second = await client.generate(RequestKey("long-b"), "The mountain", LONG)
+    third = await client.generate(RequestKey("long-c"), "The ocean", LONG)
+    fourth = await client.generate(RequestKey("long-d"), "The forest", LONG)
+    assert len(client.in_flight) == 4
+    with pytest.raises(ResourceUnavailable, match="max_num_seqs = 4"):
+        await client.generate(RequestKey("one-too-many"), "x", SHORT)
+    with pytest.raises(ResourceUnavailable, match="already in flight"):
+        await client.generate(RequestKey("long-a"), "x", SHORT)
+    await _first_tokens(first, 10)
+
+    started = time.monotonic()
+    assert await client.abort(first.key)
+    abort_s = time.monotonic() - started
+    assert abort_s < ABORT_BOUND_S, f"abort took {abort_s:.3f} s"
+    assert first.key not in client.in_flight
+    with pytest.raises(RequestCancelled, match="long-a was aborted"):
+        await first.__anext__()
+    stats = await client.stats()
+    assert stats.in_flight == 3
+    assert stats.processes == 1
+
+    # The freed slot takes a new request, which completes while three others run.
+    text, tokens, _, reason = await _collect(client, RequestKey("after"), "Hello", SHORT)
+    assert len(tokens) == SHORT.max_tokens
+    assert reason == "length"
+    assert text
+
+    for stream in (second, third):
+        await stream.aclose()
+    assert await client.abort(fourth.key)
+    assert not await client.abort(fourth.key)
+    assert client.in_flight == ()
+    assert (await client.stats()).in_flight == 0
+
+    # The same worker, untouched by the aborts, serves the next request.
+    _, tokens, _, _ = await _collect(client, RequestKey("next"), "Hello", SHORT)
+    assert len(tokens) == SHORT.max_tokens
+    assert client.pid == pid
+    assert client.usable
+
+
+def test_one_worker_process_refuses_aborts_frees_its_slots_and_serves_on(
     tiny_model: Path, ledger: ResourceLedger
 ) -> None:
+    """One worker (each start imports vLLM, about 8 s) goes through both rounds in turn."""
+
     async def scenario() -> None:
         client = await start_stage(tiny_model, ledger, ENGINE_ARGS)
         try:
-            pid = client.pid
-            first = await client.generate(RequestKey("long-a"), "The river", LONG)
-            second = await client.generate(RequestKey("long-b"), "The mountain", LONG)
-            third = await client.generate(RequestKey("long-c"), "The ocean", LONG)
-            fourth = await client.generate(RequestKey("long-d"), "The forest", LONG)
-            assert len(client.in_flight) == 4
-            with pytest.raises(ResourceUnavailable, match="max_num_seqs = 4"):
-                await client.generate(RequestKey("one-too-many"), "x", SHORT)
-            with pytest.raises(ResourceUnavailable, match="already in flight"):
-                await client.generate(RequestKey("long-a"), "x", SHORT)
-            await _first_tokens(first, 10)
-
-            started = time.monotonic()
-            assert await client.abort(first.key)
-            abort_s = time.monotonic() - started
-            assert abort_s < ABORT_BOUND_S, f"abort took {abort_s:.3f} s"
-            assert first.key not in client.in_flight
-            with pytest.raises(RequestCancelled, match="long-a was aborted"):
-                await first.__anext__()
-            stats = await client.stats()
-            assert stats.in_flight == 3
-            assert stats.processes == 1
-
-            # The freed slot takes a new request, which completes while three others run.
-            text, tokens, _, reason = await _collect(client, RequestKey("after"), "Hello", SHORT)
-            assert len(tokens) == SHORT.max_tokens
-            assert reason == "length"
-            assert text
-
-            for stream in (second, third):
-                await stream.aclose()
-            assert await client.abort(fourth.key)
-            assert not await client.abort(fourth.key)
-            assert client.in_flight == ()
-            assert (await client.stats()).in_flight == 0
-
-            # The same worker, untouched by the aborts, serves the next request.
-            _, tokens, _, _ = await _collect(client, RequestKey("next"), "Hello", SHORT)
-            assert len(tokens) == SHORT.max_tokens
-            assert client.pid == pid
-            assert client.usable
-        finally:
-            await client.close()
-        outcome = client.retire_outcome
-        assert outcome is not None
-        assert outcome.confirmed_gone
-
-    asyncio.run(scenario())
-
-
-def test_the_worker_is_one_process_and_an_abort_frees_its_request_in_the_engine(
-    tiny_model: Path, ledger: ResourceLedger
-) -> None:
-    async def scenario() -> None:
-        client = await start_stage(tiny_model, ledger)
-        try:
-            assert client.pid is not None
-            worker = psutil.Process(client.pid)
-            ready = client.ready
-            assert ready is not None
-            assert ready.processes == 1
-            assert worker.children(recursive=True) == []
-
-            # A request the engine refuses fails alone, holding nothing.
-            too_long = [1] * (ENGINE_ARGS.max_model_len + 10)
-            refused = await client.generate(RequestKey("too-long"), too_long, SHORT)
-            with pytest.raises(
-                ModelError, match=r"request_failed: .*maximum context length is 2048"
-            ):
-                await refused.__anext__()
-            assert client.in_flight == ()
-            assert (await client.stats()).in_flight == 0
-
-            kept = await client.generate(RequestKey("kept"), "The river", LONG)
-            dropped = await client.generate(RequestKey("dropped"), "The mountain", LONG)
-            await _first_tokens(kept, 4)
-            await _first_tokens(dropped, 4)
-            # Generating, the tree is still the worker alone: no engine-core or model process.
-            assert worker.children(recursive=True) == []
-            assert (await client.stats()).in_flight == 2
-
-            assert await client.abort(dropped.key)
-            with pytest.raises(RequestCancelled, match="dropped was aborted"):
-                await dropped.__anext__()
-            # The count is the engine scheduler's own: the aborted request left it (and its KV
-            # cache blocks) while the other one goes on streaming.
-            stats = await client.stats()
-            assert stats.in_flight == 1
-            assert stats.processes == 1
-            assert await _first_tokens(kept, 4) >= 4
-
-            await kept.aclose()
-            assert (await client.stats()).in_flight == 0
-            _, tokens, _, reason = await _collect(client, RequestKey("after"), "Hello", SHORT)
-            assert len(tokens) == SHORT.max_tokens
-            assert reason == "length"
-            assert worker.children(recursive=True) == []
-            assert client.pid == worker.pid
-
-            # Idle, the worker waits on its input: it does not step or poll the engine.
-            await asyncio.sleep(0.5)
-            before = sum(worker.cpu_times()[:2])
-            await asyncio.sleep(IDLE_WINDOW_S)
-            idle_cpu_s = sum(worker.cpu_times()[:2]) - before
-            assert idle_cpu_s < IDLE_CPU_BOUND_S, f"{idle_cpu_s:.2f} s of CPU while idle"
+            await _one_process_refusing_and_aborting_in_the_engine(client)
+            await _four_in_flight_and_an_abort_that_frees_a_slot(client)
         finally:
             await client.close()
         outcome = client.retire_outcome
