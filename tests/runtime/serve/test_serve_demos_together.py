@@ -1,7 +1,8 @@
 """The bundled demos served together from one ``omni-edge serve``: chat-speak, chat, speak and
 add, each with its own declared capacity, share the machine's memory (two vLLM workers and
-three graph workers); and a set that does not fit the machine is refused, naming the
-pipelines already holding the memory and how much."""
+three graph workers); the built-in assistant among them answers through the official
+``openai`` client with the conversation in its own chat template; and a set that does not fit
+the machine is refused, naming the pipelines already holding the memory and how much."""
 
 from __future__ import annotations
 
@@ -85,6 +86,26 @@ def test_the_four_demos_load_together_and_each_answers(server: ServeProcess) -> 
         np.testing.assert_array_equal(outputs["sum"], np.full((1, 1024), 3, np.float32))
     for name in NAMES.values():
         wait_until(lambda name=name: server.pipelines()[name]["in_flight"] == 0, name, 30)
+
+
+def test_the_assistant_answers_a_conversation_once_templated(server: ServeProcess) -> None:
+    """chat-speak as shipped: the built-in assistant (SmolLM2) gets the conversation once, in
+    its own chat template (the pipeline renders the turns; the server does not wrap them)."""
+    client = openai.OpenAI(base_url=server.url, api_key=API_KEY, max_retries=0, timeout=300)
+    completion = client.chat.completions.create(
+        model="chat-speak",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=24,
+        temperature=0.0,
+    )
+    answer = completion.choices[0].message.content
+    assert answer is not None
+    assert "Paris" in answer, answer
+    assert completion.usage is not None
+    # SmolLM2's template adds its own system turn: the prompt is about 30 tokens. Wrapped twice
+    # (ChatML inside ChatML) it would hold the turn markers twice over.
+    assert 20 < completion.usage.prompt_tokens < 45, completion.usage
+    wait_until(lambda: server.pipelines()["chat-speak"]["in_flight"] == 0, "the request to end", 30)
 
 
 def small_machine(folder: Path, ram: str) -> Path:
