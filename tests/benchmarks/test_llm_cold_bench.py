@@ -104,15 +104,15 @@ def test_the_sampler_sums_the_worker_trees_peak_and_ignores_the_rest() -> None:
         while psutil.Process(worker.pid).memory_info().rss < 64 * MiB:
             assert time.monotonic() < deadline, "the worker never held its block"
             time.sleep(0.05)
+        # Both samplers watch the same tree at once, each on its own thread.
         sampler = PeakSampler(parent.pid, llm_cold.worker_tree)
+        everything = PeakSampler(parent.pid, llm_cold.whole_tree)
         time.sleep(llm_cold.LASTING_S + 3 * llm_cold.SAMPLE_S)
         measured = sampler.stop()
+        whole = everything.stop()
         assert measured.processes == 1
         assert measured.short_lived == ()
         assert 64 * MiB <= measured.peak_rss_bytes < 256 * MiB
-        everything = PeakSampler(parent.pid, llm_cold.whole_tree)
-        time.sleep(llm_cold.LASTING_S + 3 * llm_cold.SAMPLE_S)
-        whole = everything.stop()
         assert whole.processes == 3
         assert whole.peak_rss_bytes > measured.peak_rss_bytes
     finally:
