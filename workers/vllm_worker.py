@@ -27,10 +27,9 @@ importing torch and vLLM again).
    memory and the number of requests the engine holds. ``shutdown`` (or the controller
    closing stdin) aborts what runs and answers ``bye``. An engine step that raises leaves
    the engine in an unknown state: a fatal ``engine_died``.
-4. The process then ends at once (:func:`_end_process`): the engine is not shut down and the
-   interpreter does not finalise torch and vLLM, which took about 2 s on two cores and held
-   the controller's close. Nothing outlives the process: the engine is in it, and its
-   temporary folder is the controller's to remove.
+4. The process then ends at once (:func:`_end_process`), after a failed load too: the engine
+   is not shut down and the interpreter does not finalise torch and vLLM. Nothing outlives
+   the process: the engine is in it, and its temporary folder is the controller's to remove.
 
 Everything runs under the ``if __name__ == "__main__":`` guard, so nothing runs on import.
 """
@@ -39,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import importlib
 import os
 import signal
@@ -504,17 +502,6 @@ class LlmWorker:
             self._send(DeltaMessage(request_id, epoch, "", (), True, "abort"))
         self._running.clear()
 
-    def close_engine(self) -> None:
-        """Shut the engine down (idempotent): after a failed load, before the process ends."""
-        engine, self._engine = self._engine, None
-        if engine is not None:
-            core = getattr(engine, "engine_core", None)
-            if core is not None:
-                core.shutdown()
-            # Collected now, while the interpreter is whole: its finalizers shut down again.
-            del engine, core
-            gc.collect()
-
     # Sending.
 
     def _send(self, message: Message) -> None:
@@ -562,7 +549,6 @@ def _serve(channel: FramedChannel, load: LlmLoadMessage) -> int:
             channel.send_message(
                 LlmErrorMessage(None, None, "load_failed", f"{type(exc).__name__}: {exc}", True)
             )
-        worker.close_engine()
         return EXIT_LOAD_FAILED
     channel.send_message(ready)
     return asyncio.run(worker.serve())
