@@ -22,15 +22,19 @@ run: setup
 # modules at every start, about 10 s on two cores.
 PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest
 
-test: setup lint
-	$(PYTEST) -m "not slow" $(PYTEST_ARGS)
-
 # The fast loop: every test that needs no vLLM, packaging, audio device, GUI window or real
 # speech model, and not the fault matrix (markers set by fixture in tests/conftest.py;
-# docs/testing.md has the tiers). make test runs them all.
+# docs/testing.md has the tiers). It runs on two pytest-xdist workers: nothing in it keeps
+# real time. make test runs it so, then the rest (real-time audio, windows, vLLM, the
+# frozen build, deadlines waited out) one test at a time.
 UNIT_MARKERS := not slow and not vllm and not package and not audio and not gui and not model and not faults
+XDIST := -n 2 --dist load
+test: setup lint
+	$(PYTEST) $(XDIST) -m "$(UNIT_MARKERS)" $(PYTEST_ARGS)
+	$(PYTEST) -m "not slow and not ($(UNIT_MARKERS))" $(PYTEST_ARGS)
+
 unit: setup
-	$(PYTEST) -m "$(UNIT_MARKERS)" $(PYTEST_ARGS)
+	$(PYTEST) $(XDIST) -m "$(UNIT_MARKERS)" $(PYTEST_ARGS)
 
 slow: setup
 	HYPOTHESIS_PROFILE=slow $(PYTEST) -m slow $(PYTEST_ARGS)

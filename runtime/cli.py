@@ -340,6 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_speak_command(commands)
 
+    from .talk_command import add_talk_command
+
+    add_talk_command(commands)
+
     from .pipeline_commands import add_pipeline_commands
 
     add_pipeline_commands(commands)

@@ -168,14 +168,20 @@ class SentenceChunker:
     before an upper-case letter, or at a line break), known once the next one has begun;
     sentences shorter than ``min_chars`` are joined to the next. Text that reaches
     ``max_chars`` without a sentence end is cut at its last space before the limit (at the
-    limit when it has none). :meth:`finish` returns what is left at the end.
+    limit when it has none). With ``clause_chars``, a clause is a piece too: text of at least
+    that many characters is cut after its last ``,``, ``;`` or ``:`` followed by a space, so
+    that a voice can start on the first clause while the model writes the rest.
+    :meth:`finish` returns what is left at the end.
     """
 
-    def __init__(self, min_chars: int, max_chars: int) -> None:
+    def __init__(self, min_chars: int, max_chars: int, *, clause_chars: int = 0) -> None:
         if not 1 <= min_chars <= max_chars:
             raise ValueError(f"need 1 <= min_chars ({min_chars}) <= max_chars ({max_chars})")
+        if not 0 <= clause_chars <= max_chars:
+            raise ValueError(f"need 0 <= clause_chars ({clause_chars}) <= max_chars ({max_chars})")
         self.min_chars = min_chars
         self.max_chars = max_chars
+        self.clause_chars = clause_chars
         self._open = ""
         self._pending = ""
 
@@ -196,7 +202,22 @@ class SentenceChunker:
                 cut = self.max_chars
             head, self._open = self._open[:cut].strip(), self._open[cut:].lstrip()
             self._join(head, pieces, force=True)
+        if self.clause_chars:
+            self._clauses(pieces)
         return pieces
+
+    def _clauses(self, pieces: list[str]) -> None:
+        text = self._pending + (" " if self._pending else "") + self._open
+        if len(text.strip()) < self.clause_chars:
+            return
+        cut = max(self._open.rfind(mark) for mark in (", ", "; ", ": "))
+        if cut < 0:
+            return
+        head = self._open[: cut + 1].strip()
+        if len((self._pending + " " + head).strip()) < self.clause_chars:
+            return
+        self._open = self._open[cut + 2 :]
+        self._join(head, pieces, force=True)
 
     def finish(self) -> list[str]:
         """The rest of the text as one last piece (nothing when only spaces are left)."""

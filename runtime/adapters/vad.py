@@ -367,6 +367,8 @@ class VadStream:
         self._context = np.zeros(CONTEXT_SAMPLES, np.float32)
         self._state = initial_state()
         self.chunks_scored = 0
+        #: The last scored chunk's speech probability.
+        self.probability = 0.0
         #: Every chunk's speech probability, when kept (a clip's; a live stream keeps none).
         self.probabilities: list[float] = []
 
@@ -412,6 +414,7 @@ class VadStream:
         self._state = np.array(state, dtype=np.float32, copy=True)
         self._context = chunk[-CONTEXT_SAMPLES:].copy()
         value = float(probability.reshape(()))
+        self.probability = value
         self.chunks_scored += 1
         if self._keep:
             self.probabilities.append(value)

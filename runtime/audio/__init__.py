@@ -1,5 +1,5 @@
 """Streaming audio: a PortAudio player with a jitter buffer, an input delivering 16 kHz mono
-chunks, resampling, and WAV files.
+chunks, a full-duplex stream for spoken conversations, resampling, and WAV files.
 
 Nothing here imports ``sounddevice`` (and so starts PortAudio) until a device is listed
 or a stream starts.
@@ -17,6 +17,14 @@ from runtime.audio.devices import (
     resolve_input_device,
     resolve_output_device,
 )
+from runtime.audio.duplex import (
+    CapturedBlock,
+    DuplexAudio,
+    DuplexMetrics,
+    FrameEchoCanceller,
+    PassThroughEchoCanceller,
+    ReplyPlayback,
+)
 from runtime.audio.input import AudioInput, AudioLevel, AudioSource, CaptureMetrics, level_dbfs
 from runtime.audio.player import AudioPlayer, PlaybackBufferFull, PlaybackMetrics, PlayerState
 from runtime.audio.resample import StreamResampler
@@ -30,11 +38,17 @@ __all__ = [
     "AudioPlayer",
     "AudioSource",
     "CaptureMetrics",
+    "CapturedBlock",
+    "DuplexAudio",
+    "DuplexMetrics",
+    "FrameEchoCanceller",
     "InputDevice",
     "OutputDevice",
+    "PassThroughEchoCanceller",
     "PlaybackBufferFull",
     "PlaybackMetrics",
     "PlayerState",
+    "ReplyPlayback",
     "SampleRing",
     "StreamResampler",
     "UnknownAudioDevice",

@@ -96,3 +96,16 @@ class SampleRing:
             out[first:count] = self._buffer[: count - first]
         self._read = read + count
         return count
+
+    def discard(self, count: int) -> int:
+        """Skip up to ``count`` readable samples without copying them; return how many.
+
+        Consumer side only (the duplex stream drops an interrupted reply with it).
+        """
+        read = self._read
+        available = self._written - read
+        skipped = count if available >= count else available
+        if skipped <= 0:
+            return 0
+        self._read = read + skipped
+        return skipped

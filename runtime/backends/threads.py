@@ -5,7 +5,9 @@ The cores are those this process may run on (its CPU affinity, which a device se
 or the user's ``taskset`` narrows). They are split between the stages that can run at the
 same time: in a pipeline that runs one request at a time, its graph stages run one after
 another, so each may use every core; a pipeline with a language-model stage runs several
-requests at once, so its graph stages and its language model share the cores.
+requests at once, so its graph stages and its language model share the cores, except the
+stages a program runs while the others wait (``solo``: a conversation's speech recogniser,
+on the way from the user's words to the reply), which get every core.
 
 Between calls, a worker whose calls come back to back waits for the next one awake for a
 short while (:data:`SPIN_WAIT_US`, polling its input) instead of sleeping: a sleeping
@@ -81,10 +83,15 @@ def usable_cores() -> int:
 
 
 def plan_threads(
-    config: PipelineConfig, cores: int | None = None, *, concurrent: Collection[str] = ()
+    config: PipelineConfig,
+    cores: int | None = None,
+    *,
+    concurrent: Collection[str] = (),
+    solo: Collection[str] = (),
 ) -> dict[str, ThreadPlan]:
     """The thread plan of every graph stage of ``config``, by stage name. ``concurrent``
-    names graph stages a program may call at the same time (see the module)."""
+    names graph stages a program may call at the same time, ``solo`` those it calls while
+    the other stages wait (see the module)."""
     cores = usable_cores() if cores is None else max(1, cores)
     graph = [s for s in config.stages if isinstance(s.backend, GraphBackendConfig)]
     language = [s for s in config.stages if isinstance(s.backend, LlmBackendConfig)]
@@ -127,4 +134,10 @@ def plan_threads(
         f"{together_count} stages may run at once (requests overlap with the language model): "
         f"{share} of {cores} cores each, no spinning"
     )
-    return {s.name: ThreadPlan(share, False, cores, reason) for s in graph}
+    alone = "runs while the other stages wait (the program says so): every core, no spinning"
+    return {
+        s.name: ThreadPlan(cores, False, cores, alone)
+        if s.name in solo
+        else ThreadPlan(share, False, cores, reason)
+        for s in graph
+    }

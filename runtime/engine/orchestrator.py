@@ -34,6 +34,7 @@ from runtime.engine.program import (
     StreamingProgram,
     concurrent_stages,
     load_program,
+    solo_stages,
     streams_input,
 )
 from runtime.engine.request import Request as Request
@@ -148,6 +149,7 @@ class Orchestrator:
             selection=selection,
             timeouts=timeouts,
             concurrent=concurrent_stages(self.program, config),
+            solo=solo_stages(self.program, config),
             resolution=resolution,
         )
         self._lock = threading.Lock()

@@ -324,6 +324,8 @@ class RequestContext:
         self._outstanding = 0
         self._acknowledged = asyncio.Event()
         self._index = 0
+        #: How many of the request's calls its partial outputs carried (a streaming request).
+        self._calls_sent = 0
         self._hook: EmitHook | None = None
 
     @property
@@ -496,18 +498,21 @@ class RequestContext:
         values = dict(outputs)
         if text is not None:
             values[TEXT_OUTPUT] = text
+        calls = self.request.stage_metrics
+        if self.request.input is not None and not finished:
+            # A streaming request may run for hours: each partial output carries the calls
+            # made since the previous one, the final output all of them.
+            calls = calls[self._calls_sent :]
+            self._calls_sent += len(calls)
         output = OmniRequestOutput(
             request_id=self.request_id,
             stage=stage,
             outputs=values,
             finished=finished,
             index=self._index,
-            metrics={
-                "stages": [call.to_json() for call in self.request.stage_metrics],
-                **(metrics or {}),
-            },
+            metrics={"stages": [call.to_json() for call in calls], **(metrics or {})},
             text=text,
-            calls=tuple(self.request.stage_metrics),
+            calls=tuple(calls),
         )
         request = self.request
 
@@ -583,6 +588,14 @@ def concurrent_stages(program: object, config: PipelineConfig) -> tuple[str, ...
     (its optional ``concurrent_stages`` attribute: stage ids); the thread plan splits the cores
     between them where they can each have their own (``runtime/backends/threads.py``)."""
     ids = getattr(program, "concurrent_stages", ())
+    return tuple(config.stages[i].name for i in ids if 0 <= i < len(config.stages))
+
+
+def solo_stages(program: object, config: PipelineConfig) -> tuple[str, ...]:
+    """The names of the graph stages ``program`` calls while its other stages wait (its
+    optional ``solo_stages`` attribute: stage ids); the thread plan gives them every core
+    even beside a language model (``runtime/backends/threads.py``)."""
+    ids = getattr(program, "solo_stages", ())
     return tuple(config.stages[i].name for i in ids if 0 <= i < len(config.stages))
 
 

@@ -114,6 +114,7 @@ class StageRuntime:
         llm_timeouts: VllmTimeouts | None = None,
         env_dir: Path | None = None,
         concurrent: Collection[str] = (),
+        solo: Collection[str] = (),
         resolution: Resolution | None = None,
     ) -> None:
         self.config = config
@@ -125,8 +126,9 @@ class StageRuntime:
         self.llm_timeouts = llm_timeouts
         self.env_dir = env_dir
         #: ONNX Runtime threads of each graph stage, split between stages that run at once
-        #: (``concurrent``: graph stages the program may call at the same time).
-        self.threads = plan_threads(config, concurrent=concurrent)
+        #: (``concurrent``: graph stages the program may call at the same time; ``solo``:
+        #: those it calls while the others wait).
+        self.threads = plan_threads(config, concurrent=concurrent, solo=solo)
         self.stages: list[StageHandle] = []
         #: Each stage's backend client, in stage order.
         self.clients: list[StageClient] = []

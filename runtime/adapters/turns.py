@@ -1,0 +1,323 @@
+"""Turn-taking: per-chunk speech probabilities in, the moments a conversation acts on out.
+
+:class:`TurnDetector` is pure (no I/O, no clock): it is fed Silero VAD's probability of each
+32 ms chunk in order and returns frozen events, all timed in samples of the input stream:
+
+:class:`VoiceOnset`
+    The first voiced chunk of a burst (probability at or above ``threshold``). Nothing is
+    known yet: it may be a cough. A reply being spoken fades out here and holds.
+:class:`BurstRejected`
+    The burst fell silent (``burst_gap_s``) before its voiced span reached ``min_speech_s``:
+    a cough, a click, a short "mm". A held reply resumes; a pause it fell into goes on as if
+    it never happened.
+:class:`SpeechConfirmed`
+    The burst's voiced span reached ``min_speech_s``: the user speaks. Outside a turn this
+    starts one (``turn_start`` is where its first voiced chunk began); inside a pause it
+    continues the turn. During a reply it is a barge-in.
+:class:`PauseReached`
+    ``speculate_s`` of silence after confirmed speech: the speech so far (``end`` is where
+    the silence began) is worth transcribing now, so that the reply is ready when the turn
+    ends. More speech afterwards makes that work stale (a later ``SpeechConfirmed``).
+:class:`TurnEnded`
+    ``end_of_turn_s`` of silence after confirmed speech, with no burst pending: the turn is
+    over. Its audio runs from ``start`` to ``end`` (where the silence began).
+
+A chunk is silent under the release threshold (``neg_threshold``, by default ``threshold``
+less 0.15, as Silero's own iterator does); between the two it changes nothing. The silence
+that ends a turn is counted from the end of the last voiced chunk of confirmed speech, and a
+burst still undecided holds the decision: a turn never ends while it might go on.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from runtime.errors import ConfigError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+__all__ = [
+    "TURN_OPTION_NAMES",
+    "BurstRejected",
+    "PauseReached",
+    "SpeechConfirmed",
+    "TurnDetector",
+    "TurnEnded",
+    "TurnEvent",
+    "TurnOptionsError",
+    "TurnSettings",
+    "VoiceOnset",
+]
+
+TURN_OPTION_NAMES: Final = (
+    "threshold",
+    "neg_threshold",
+    "min_speech_s",
+    "burst_gap_s",
+    "speculate_s",
+    "end_of_turn_s",
+    "pre_roll_s",
+)
+#: The release threshold sits this far under the threshold unless given (Silero's own rule).
+RELEASE_GAP: Final = 0.15
+#: Longest duration option accepted, in seconds.
+MAX_DURATION_S: Final = 10.0
+
+
+class TurnOptionsError(ConfigError):
+    """A turn-taking option is not usable."""
+
+
+def _is_number(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnSettings:
+    """When the user speaks, pauses, and has finished (see the module)."""
+
+    threshold: float = 0.5
+    neg_threshold: float | None = None
+    #: Voiced span a burst needs to count as speech: shorter sounds never start a turn or
+    #: interrupt a reply.
+    min_speech_s: float = 0.25
+    #: Silence that ends a burst not yet confirmed (gaps shorter than this stay inside it).
+    burst_gap_s: float = 0.2
+    #: Silence after which the speech so far is transcribed ahead of the turn's end.
+    speculate_s: float = 0.1
+    #: Silence that ends a turn. Pauses inside a sentence (250 ms) stay well under it.
+    end_of_turn_s: float = 0.45
+    #: Audio kept before a turn's first voiced chunk and transcribed with it.
+    pre_roll_s: float = 0.3
+
+    def __post_init__(self) -> None:
+        for name in ("threshold", "neg_threshold"):
+            value = getattr(self, name)
+            if value is None and name == "neg_threshold":
+                continue
+            if not _is_number(value) or not 0.0 < value < 1.0:
+                raise ValueError(f"{name} must be a probability between 0 and 1; got {value!r}")
+        for name in ("min_speech_s", "burst_gap_s", "speculate_s", "end_of_turn_s", "pre_roll_s"):
+            value = getattr(self, name)
+            if not _is_number(value) or not 0.0 <= value <= MAX_DURATION_S:
+                raise ValueError(
+                    f"{name} must be seconds from 0 to {MAX_DURATION_S:g}; got {value!r}"
+                )
+        if self.neg_threshold is not None and self.neg_threshold > self.threshold:
+            raise ValueError(
+                f"neg_threshold ({self.neg_threshold}) must be at most threshold ({self.threshold})"
+            )
+        if self.speculate_s > self.end_of_turn_s:
+            raise ValueError(
+                f"speculate_s ({self.speculate_s}) must be at most end_of_turn_s "
+                f"({self.end_of_turn_s})"
+            )
+
+    @property
+    def release(self) -> float:
+        """The probability under which a chunk counts as silence."""
+        if self.neg_threshold is not None:
+            return self.neg_threshold
+        return max(0.01, self.threshold - RELEASE_GAP)
+
+    @classmethod
+    def parse(
+        cls,
+        options: Mapping[str, Any],
+        *,
+        file: str | None = None,
+        line: int | None = None,
+        prefix: str = "adapter.options.",
+    ) -> TurnSettings:
+        """Check the options named in :data:`TURN_OPTION_NAMES` (others are ignored); every
+        failure names the option and what is accepted."""
+
+        def fail(name: str, message: str) -> TurnOptionsError:
+            return TurnOptionsError(message, file=file, line=line, key=f"{prefix}{name}")
+
+        values: dict[str, float] = {}
+        for name in ("threshold", "neg_threshold"):
+            if name in options:
+                value = options[name]
+                if not _is_number(value) or not 0.0 < float(value) < 1.0:
+                    raise fail(
+                        name,
+                        f"{value!r} is not a speech probability; accepted: a number between 0 "
+                        "and 1 (exclusive), e.g. 0.5",
+                    )
+                values[name] = float(value)
+        for name in ("min_speech_s", "burst_gap_s", "speculate_s", "end_of_turn_s", "pre_roll_s"):
+            if name in options:
+                value = options[name]
+                if not _is_number(value) or not 0.0 <= float(value) <= MAX_DURATION_S:
+                    raise fail(
+                        name,
+                        f"{value!r} is not a duration; accepted: seconds from 0 to "
+                        f"{MAX_DURATION_S:g}",
+                    )
+                values[name] = float(value)
+        try:
+            return cls(**values)
+        except ValueError as exc:
+            # The one-option checks passed: what is left is how two options relate.
+            name = str(exc).split()[0]
+            raise fail(name if name in TURN_OPTION_NAMES else "threshold", str(exc)) from None
+
+
+@dataclass(frozen=True, slots=True)
+class VoiceOnset:
+    """The first voiced chunk of a burst begins at ``sample``."""
+
+    sample: int
+
+
+@dataclass(frozen=True, slots=True)
+class BurstRejected:
+    """The burst that began at ``onset`` ended before it was long enough to be speech."""
+
+    onset: int
+    sample: int
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechConfirmed:
+    """The burst that began at ``onset`` is speech; ``turn_start`` is where the turn began
+    (``onset`` when this starts a turn); ``new_turn`` says whether it does."""
+
+    onset: int
+    sample: int
+    turn_start: int
+    new_turn: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PauseReached:
+    """Silence since ``end`` reached the speculation point; the turn's speech so far is
+    ``start`` to ``end``."""
+
+    start: int
+    end: int
+    sample: int
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEnded:
+    """The turn's speech ran from ``start`` to ``end``; the end was known at ``sample``."""
+
+    start: int
+    end: int
+    sample: int
+
+
+TurnEvent = VoiceOnset | BurstRejected | SpeechConfirmed | PauseReached | TurnEnded
+
+
+class TurnDetector:
+    """Chunk probabilities in order -> :data:`TurnEvent` values (see the module)."""
+
+    def __init__(self, settings: TurnSettings | None = None, sample_rate: int = 16000) -> None:
+        self.settings = settings or TurnSettings()
+        self.sample_rate = sample_rate
+        s = self.settings
+        self._min_speech = round(s.min_speech_s * sample_rate)
+        self._burst_gap = round(s.burst_gap_s * sample_rate)
+        self._speculate = round(s.speculate_s * sample_rate)
+        self._end_of_turn = round(s.end_of_turn_s * sample_rate)
+        self._position = 0
+        #: The open burst: where its first voiced chunk began, and its last voiced chunk's end.
+        self._burst: int | None = None
+        self._burst_end = 0
+        #: The turn: where it began, and where its confirmed speech last ended.
+        self._turn: int | None = None
+        self._speech_end = 0
+        #: Confirmed speech is going on (no gap of burst_gap_s since its last voiced chunk).
+        self._speaking = False
+        #: Voiced by the hysteresis (at or over the threshold, until under the release).
+        self._voiced = False
+        self._speculated = False
+
+    @property
+    def position(self) -> int:
+        """Samples pushed so far."""
+        return self._position
+
+    @property
+    def in_turn(self) -> bool:
+        """True from a turn's first confirmed speech until it ends."""
+        return self._turn is not None
+
+    @property
+    def burst_open(self) -> bool:
+        """True while a burst is neither confirmed nor rejected."""
+        return self._burst is not None
+
+    def push(self, probability: float, samples: int) -> list[TurnEvent]:
+        """One chunk's speech probability and its length; the events it completes."""
+        begin = self._position
+        end = begin + samples
+        self._position = end
+        s = self.settings
+        events: list[TurnEvent] = []
+        if probability >= s.threshold:
+            self._voiced = True
+        elif probability < s.release:
+            self._voiced = False
+        if self._voiced:
+            if self._speaking:
+                # Confirmed speech goes on (gaps under burst_gap_s stay inside it); work
+                # started on a pause it ended is stale.
+                self._speech_end = end
+                if self._speculated:
+                    self._speculated = False
+                    assert self._turn is not None
+                    events.append(SpeechConfirmed(begin, end, self._turn, new_turn=False))
+            else:
+                if self._burst is None:
+                    self._burst = begin
+                    events.append(VoiceOnset(begin))
+                self._burst_end = end
+                if end - self._burst >= self._min_speech:
+                    events.append(self._confirm(end))
+        else:
+            if self._speaking and end - self._speech_end >= self._burst_gap:
+                self._speaking = False
+            if self._burst is not None and end - self._burst_end >= self._burst_gap:
+                events.append(BurstRejected(self._burst, end))
+                self._burst = None
+        if self._turn is not None and self._burst is None and not self._voiced:
+            silence = end - self._speech_end
+            if not self._speculated and silence >= self._speculate:
+                self._speculated = True
+                events.append(PauseReached(self._turn, self._speech_end, end))
+            if silence >= self._end_of_turn:
+                events.append(TurnEnded(self._turn, self._speech_end, end))
+                self._turn = None
+                self._speaking = False
+        return events
+
+    def _confirm(self, end: int) -> SpeechConfirmed:
+        onset = self._burst
+        assert onset is not None
+        self._burst = None
+        self._speaking = True
+        new = self._turn is None
+        turn = onset if self._turn is None else self._turn
+        self._turn = turn
+        self._speculated = False
+        self._speech_end = end
+        return SpeechConfirmed(onset, end, turn, new)
+
+    def finish(self) -> list[TurnEvent]:
+        """End of the stream: a turn still open ends where its speech ended."""
+        events: list[TurnEvent] = []
+        if self._burst is not None:
+            events.append(BurstRejected(self._burst, self._position))
+            self._burst = None
+        if self._turn is not None:
+            events.append(TurnEnded(self._turn, self._speech_end, self._position))
+            self._turn = None
+        self._speaking = False
+        return events

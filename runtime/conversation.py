@@ -1,0 +1,210 @@
+"""A spoken conversation's values: what goes into a voice-chat request and what comes out.
+
+A voice-chat request (``assets/pipelines/voice-chat.yaml``) is one duplex request: the caller
+feeds microphone audio as it comes, each piece a :class:`VoiceFrame` (16 kHz mono float32,
+with how much of the current reply the listener has heard), and reads the conversation's
+outputs as they come. Each output carries an ``event`` name (:data:`EVENTS`) and ``turn``;
+:class:`ConversationEvent` reads them back as a value. Audio of the reply arrives as outputs
+that also carry the ``pcm`` of an :class:`~runtime.outputs.AudioChunk`.
+
+Kept below the engine (NumPy and the runtime's errors only): the program that makes these
+outputs, the conversation driver that plays them and the studio that shows them all read
+the same values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
+
+from runtime.errors import ModelError, UsageError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+__all__ = [
+    "BARGE_IN",
+    "EVENTS",
+    "INTERRUPTED",
+    "LISTENING",
+    "REPLY_AUDIO",
+    "REPLY_DONE",
+    "REPLY_TEXT",
+    "RESUMED",
+    "SPEAKING",
+    "SPEECH_STARTED",
+    "STATES",
+    "THINKING",
+    "TRANSCRIPT",
+    "TRANSCRIPT_PARTIAL",
+    "TURN_ENDED",
+    "ConversationEvent",
+    "TurnLatency",
+    "VoiceFrame",
+    "VoiceTurn",
+]
+
+#: Speech rate of a voice frame.
+VOICE_FRAME_RATE: Final = 16000
+
+# Events, in the order a turn meets them.
+SPEECH_STARTED: Final = "speech_started"
+TRANSCRIPT_PARTIAL: Final = "transcript_partial"
+TURN_ENDED: Final = "turn_ended"
+TRANSCRIPT: Final = "transcript"
+REPLY_TEXT: Final = "reply_text"
+REPLY_AUDIO: Final = "reply_audio"
+REPLY_DONE: Final = "reply_done"
+#: User voice while the reply plays: the player fades out and holds.
+BARGE_IN: Final = "barge_in"
+#: The voice was too short to be speech (a cough): the held reply plays on.
+RESUMED: Final = "resumed"
+#: The user spoke over the reply: it is cancelled; what was heard stays in the history.
+INTERRUPTED: Final = "interrupted"
+EVENTS: Final = (
+    SPEECH_STARTED,
+    TRANSCRIPT_PARTIAL,
+    TURN_ENDED,
+    TRANSCRIPT,
+    REPLY_TEXT,
+    REPLY_AUDIO,
+    REPLY_DONE,
+    BARGE_IN,
+    RESUMED,
+    INTERRUPTED,
+)
+
+# The conversation's state, as the studio shows it.
+LISTENING: Final = "listening"
+THINKING: Final = "thinking"
+SPEAKING: Final = "speaking"
+STATES: Final = (LISTENING, THINKING, SPEAKING)
+
+
+@dataclass(frozen=True, slots=True)
+class VoiceFrame:
+    """Microphone audio fed to a voice-chat request: ``pcm`` (16 kHz mono float32, any
+    length) and, when the caller plays the replies, how many samples of reply ``reply``
+    (its turn number) had been played when this audio was captured."""
+
+    pcm: np.ndarray
+    reply: int | None = None
+    played_samples: int = 0
+
+    def __post_init__(self) -> None:
+        pcm = self.pcm
+        if not isinstance(pcm, np.ndarray) or pcm.ndim != 1 or pcm.dtype != np.float32:
+            shape = f"{pcm.dtype} {pcm.shape}" if isinstance(pcm, np.ndarray) else type(pcm)
+            raise UsageError(
+                f"a voice frame's pcm is {shape}; accepted: 1-D float32 samples at "
+                f"{VOICE_FRAME_RATE} Hz"
+            )
+        if self.reply is not None and (type(self.reply) is not int or self.reply < 0):
+            raise UsageError(f"a voice frame's reply is {self.reply!r}; accepted: a turn number")
+        if type(self.played_samples) is not int or self.played_samples < 0:
+            raise UsageError(
+                f"a voice frame's played_samples is {self.played_samples!r}; accepted: a "
+                "count of samples, 0 or more"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class TurnLatency:
+    """Where one turn's wait went, in seconds: from the end of the user's speech to the turn's
+    end being known (``end_of_turn``), the transcription that was still to finish then
+    (``transcription``), the language model's first clause (``first_clause``), the voice's
+    first audio (``first_audio``), all measured from the end of the user's speech in the
+    stream's own time; ``total`` is the last. Zero where speculative work was ready."""
+
+    end_of_turn: float
+    transcription: float
+    first_clause: float
+    first_audio: float
+
+    @property
+    def total(self) -> float:
+        return self.first_audio
+
+    def to_json(self) -> dict[str, float]:
+        return {
+            "end_of_turn_s": self.end_of_turn,
+            "transcription_s": self.transcription,
+            "first_clause_s": self.first_clause,
+            "first_audio_s": self.first_audio,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class VoiceTurn:
+    """One exchange: what the user said and the reply (``heard`` is what was played of it;
+    ``interrupted`` when the user spoke over it)."""
+
+    index: int
+    user: str
+    reply: str
+    heard: str
+    interrupted: bool = False
+    latency: TurnLatency | None = field(default=None, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "user": self.user,
+            "reply": self.reply,
+            "heard": self.heard,
+            "interrupted": self.interrupted,
+            "latency": None if self.latency is None else self.latency.to_json(),
+        }
+
+
+def _number(outputs: Mapping[str, object], name: str, source: str) -> float | None:
+    value = outputs.get(name)
+    if value is None:
+        return None
+    array = np.asarray(value)
+    if array.size != 1 or array.dtype.kind not in "iuf":
+        raise ModelError(f"{source}: {name!r} is {array.dtype} {array.shape}; expected a number")
+    return float(array.reshape(()).item())
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationEvent:
+    """An output of a voice-chat request, read back: its ``event`` (:data:`EVENTS`), ``turn``,
+    ``t`` (seconds of input audio where it happened, when it has one), ``text`` (a transcript
+    or a reply's text delta) and the numbers it carries (``values``)."""
+
+    event: str
+    turn: int
+    t: float | None = None
+    text: str | None = None
+    values: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_outputs(
+        cls, outputs: Mapping[str, object], text: str | None = None, *, source: str = "an output"
+    ) -> ConversationEvent | None:
+        """The event an output carries; None for an output without ``event``."""
+        name = outputs.get("event")
+        if name is None:
+            return None
+        if not isinstance(name, str) or name not in EVENTS:
+            raise ModelError(f"{source}: event {name!r} is not one of {', '.join(EVENTS)}")
+        turn = _number(outputs, "turn", source)
+        if turn is None:
+            raise ModelError(f"{source}: the {name} event carries no 'turn'")
+        values = {
+            key: number
+            for key, value in outputs.items()
+            if key not in ("event", "turn", "t", "text", "pcm")
+            and isinstance(value, int | float | np.number)
+            and (number := _number(outputs, key, source)) is not None
+        }
+        return cls(name, int(turn), _number(outputs, "t", source), text, values)
+
+    def to_outputs(self) -> dict[str, Any]:
+        outputs: dict[str, Any] = {"event": self.event, "turn": self.turn, **self.values}
+        if self.t is not None:
+            outputs["t"] = self.t
+        return outputs
