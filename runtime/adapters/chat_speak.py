@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -170,11 +171,14 @@ class SentenceChunker:
     ``max_chars`` without a sentence end is cut at its last space before the limit (at the
     limit when it has none). With ``clause_chars``, a clause is a piece too: text of at least
     that many characters is cut after its last ``,``, ``;`` or ``:`` followed by a space, so
-    that a voice can start on the first clause while the model writes the rest.
-    :meth:`finish` returns what is left at the end.
+    that a voice can start on the first clause while the model writes the rest. With
+    ``first_words``, the first piece is cut after that many words whatever follows them (the
+    voice starts on the reply's first words). :meth:`finish` returns what is left at the end.
     """
 
-    def __init__(self, min_chars: int, max_chars: int, *, clause_chars: int = 0) -> None:
+    def __init__(
+        self, min_chars: int, max_chars: int, *, clause_chars: int = 0, first_words: int = 0
+    ) -> None:
         if not 1 <= min_chars <= max_chars:
             raise ValueError(f"need 1 <= min_chars ({min_chars}) <= max_chars ({max_chars})")
         if not 0 <= clause_chars <= max_chars:
@@ -182,8 +186,10 @@ class SentenceChunker:
         self.min_chars = min_chars
         self.max_chars = max_chars
         self.clause_chars = clause_chars
+        self.first_words = first_words
         self._open = ""
         self._pending = ""
+        self._pieces = 0
 
     def feed(self, text: str) -> list[str]:
         """Add streamed text; return the pieces it completed, in order."""
@@ -204,7 +210,21 @@ class SentenceChunker:
             self._join(head, pieces, force=True)
         if self.clause_chars:
             self._clauses(pieces)
+        if self.first_words and not self._pieces and not pieces:
+            self._first_words(pieces)
+        self._pieces += len(pieces)
         return pieces
+
+    def _first_words(self, pieces: list[str]) -> None:
+        text = f"{self._pending} {self._open}" if self._pending else self._open
+        # A word is complete once whitespace follows it: the last one may still be written.
+        complete = [word for word in re.finditer(r"\S+(?=\s)", text)]
+        if len(complete) < self.first_words:
+            return
+        last = complete[self.first_words - 1]
+        pieces.append(" ".join(word.group() for word in complete[: self.first_words]))
+        self._pending = ""
+        self._open = text[last.end() :].lstrip()
 
     def _clauses(self, pieces: list[str]) -> None:
         text = self._pending + (" " if self._pending else "") + self._open
@@ -223,6 +243,7 @@ class SentenceChunker:
         """The rest of the text as one last piece (nothing when only spaces are left)."""
         rest = " ".join(part for part in (self._pending, self._open.strip()) if part)
         self._pending = self._open = ""
+        self._pieces += bool(rest)
         return [rest] if rest else []
 
     def _join(self, sentence: str, pieces: list[str], *, force: bool = False) -> None:

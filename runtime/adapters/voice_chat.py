@@ -99,7 +99,8 @@ RECOGNISER_STAGE: Final = 1
 LLM_STAGE: Final = 3
 SPEECH_STAGE: Final = 4
 DEFAULT_SYSTEM_PROMPT: Final = (
-    "You are a helpful voice assistant. Answer in one or two short sentences."
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face. You are talking "
+    "with the user: answer in one or two short sentences."
 )
 VOICE_OPTION_NAMES: Final = (
     "system_prompt",
@@ -107,6 +108,7 @@ VOICE_OPTION_NAMES: Final = (
     "min_sentence_chars",
     "max_sentence_chars",
     "clause_chars",
+    "first_words",
     "barge_in",
 )
 #: Audio kept before the current point while no turn is open (covers any pre-roll).
@@ -129,8 +131,10 @@ class VoiceChatOptions:
     max_history_turns: int = 8
     min_sentence_chars: int = 16
     max_sentence_chars: int = 120
-    #: The first clause of at least this many characters is spoken on its own.
+    #: A clause of at least this many characters is spoken on its own.
     clause_chars: int = 12
+    #: The reply's first piece is its first words: the voice starts on them.
+    first_words: int = 3
     #: User speech during a reply interrupts it (off: the reply plays to its end).
     barge_in: bool = True
 
@@ -153,6 +157,7 @@ class VoiceChatOptions:
             ("max_sentence_chars", 16, 2000),
             ("min_sentence_chars", 1, 2000),
             ("clause_chars", 0, 2000),
+            ("first_words", 0, 50),
         ):
             value = options.get(name, getattr(cls, name))
             if type(value) is not int or not low <= value <= high:
@@ -654,6 +659,7 @@ class _Conversation:
             options.min_sentence_chars,
             options.max_sentence_chars,
             clause_chars=options.clause_chars,
+            first_words=options.first_words,
         )
         prompt = ctx.chat_prompt(LLM_STAGE, self._messages(reply.user))
         try:
