@@ -24,14 +24,16 @@ PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest
 
 # The fast loop: every test that needs no vLLM, packaging, audio device, GUI window or real
 # speech model, and not the fault matrix (markers set by fixture in tests/conftest.py;
-# docs/testing.md has the tiers). It runs on two pytest-xdist workers: nothing in it keeps
-# real time. make test runs it so, then the rest (real-time audio, windows, vLLM, the
-# frozen build, deadlines waited out) one test at a time.
+# docs/testing.md has the tiers), on two pytest-xdist workers.
 UNIT_MARKERS := not slow and not vllm and not package and not audio and not gui and not model and not faults
-XDIST := -n 2 --dist load
+# make test runs what keeps no real time on two workers (the speech models' tests in one of
+# them, the fault matrix's waits beside the rest), then vLLM, the studio's windows, audio
+# paced in real time and the packaging one test at a time.
+PARALLEL_MARKERS := not slow and not vllm and not package and not audio and not gui
+XDIST := -n 2 --dist loadgroup
 test: setup lint
-	$(PYTEST) $(XDIST) -m "$(UNIT_MARKERS)" $(PYTEST_ARGS)
-	$(PYTEST) -m "not slow and not ($(UNIT_MARKERS))" $(PYTEST_ARGS)
+	$(PYTEST) $(XDIST) -m "$(PARALLEL_MARKERS)" $(PYTEST_ARGS)
+	$(PYTEST) -m "not slow and not ($(PARALLEL_MARKERS))" $(PYTEST_ARGS)
 
 unit: setup
 	$(PYTEST) $(XDIST) -m "$(UNIT_MARKERS)" $(PYTEST_ARGS)

@@ -39,6 +39,7 @@ from benchmarks import (
     startup,
     studio_figures,
     vllm_figures,
+    voice_chat,
 )
 from benchmarks.base import Benchmark, BenchOptions, NotRunnable
 from benchmarks.figures import Subject
@@ -65,7 +66,9 @@ README: Final = PROJECT_ROOT / "README.md"
 JSON_NAME: Final = "latest.json"
 MARKDOWN_NAME: Final = "latest.md"
 #: Benchmarks whose pipelines need the exported speech voice.
-NEEDS_VOICE: Final = frozenset({"speech", "speech_in", "studio", "memory", "serve", "llm_cold"})
+NEEDS_VOICE: Final = frozenset(
+    {"speech", "speech_in", "studio", "memory", "serve", "llm_cold", "voice"}
+)
 
 
 def all_benchmarks() -> list[Benchmark]:
@@ -81,6 +84,7 @@ def all_benchmarks() -> list[Benchmark]:
         llm_cold.BENCHMARK,
         studio_figures.BENCHMARK,
         serve_load.BENCHMARK,
+        voice_chat.BENCHMARK,
         memory.benchmark(),
     ]
 

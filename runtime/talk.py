@@ -327,6 +327,9 @@ class VoiceConversation:
             self._state = LISTENING
         elif name == REPLY_DONE:
             self._close_reply()
+            if self._reply_turn != event.turn:
+                # Nothing was said (an empty transcript, or nothing speakable).
+                self._state = LISTENING
         elif name == TURN_ENDED:
             self._timing(event.turn).ended_at = now
             self._state = THINKING

@@ -130,8 +130,13 @@ def cmd_talk(args: argparse.Namespace) -> int:
 
     if args.seconds is not None and args.seconds <= 0:
         raise UsageError(f"--seconds {args.seconds}: accepted: a positive number of seconds")
+    from .audio import resolve_input_device, resolve_output_device
+
     echo = "off" if args.headphones else args.echo
     device = (_device(args.input_device), _device(args.output_device))
+    # A missing or unknown device is reported before anything loads.
+    resolve_input_device(device[0])
+    resolve_output_device(device[1])
     settings = TalkSettings(device=device, echo=echo)
     config = talk_config(args)
     session = PipelineSession(
