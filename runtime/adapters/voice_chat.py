@@ -113,6 +113,9 @@ VOICE_OPTION_NAMES: Final = (
 )
 #: Audio kept before the current point while no turn is open (covers any pre-roll).
 _IDLE_KEEP_S: Final = 2.0
+#: Audio after the speech's end transcribed with it: the release of its last sound (a final
+#: "s" the voice activity model no longer scores as speech).
+_POST_ROLL_S: Final = 0.2
 
 
 class VoiceChatOptionsError(ConfigError):
@@ -369,6 +372,7 @@ class _Conversation:
                     self.vad.accept(chunk, await call(self.vad.inputs(chunk)))
                     for event in self.detector.push(self.vad.probability, chunk.size):
                         await self._on(event)
+                self._forget_idle()
             for event in self.detector.finish():
                 await self._on(event)
             if self.reply is not None and self.reply.task is not None:
@@ -398,8 +402,11 @@ class _Conversation:
     def _keep(self, pcm: np.ndarray) -> None:
         self.parts.append(pcm)
         self.fed += pcm.size
+
+    def _forget_idle(self) -> None:
+        """With no turn open, keep only the last seconds scored (a turn's pre-roll)."""
         if not self.detector.in_turn and not self.detector.burst_open:
-            self._trim(self.fed - round(_IDLE_KEEP_S * SAMPLE_RATE))
+            self._trim(self.detector.position - round(_IDLE_KEEP_S * SAMPLE_RATE))
 
     def _audio(self, start: int, end: int) -> np.ndarray:
         joined = np.concatenate(self.parts) if self.parts else np.zeros(0, np.float32)
@@ -466,13 +473,15 @@ class _Conversation:
                 self._trim(event.turn_start - self.pre_roll)
                 await self._event(SPEECH_STARTED, self.turn, t=event.turn_start)
         elif isinstance(event, PauseReached):
-            self.ahead = self._start_reply(event.start, event.end)
+            self.ahead = self._start_reply(event.start, event.end, event.sample)
         elif isinstance(event, TurnEnded):
             await self._end_turn(event)
 
-    def _start_reply(self, start: int, end: int) -> _Reply:
+    def _start_reply(self, start: int, end: int, now: int) -> _Reply:
+        """Work on the turn's speech ``start`` to ``end``, known at sample ``now``."""
         reply = _Reply(turn=self.turn, start=start, end=end)
-        audio = self._audio(start - self.pre_roll, end).copy()
+        until = min(now, end + round(_POST_ROLL_S * SAMPLE_RATE))
+        audio = self._audio(start - self.pre_roll, until).copy()
         reply.task = asyncio.ensure_future(self._work(reply, audio))
         return reply
 
@@ -482,7 +491,7 @@ class _Conversation:
             if ahead is not None:
                 self.discarded += 1
                 await self._stop(ahead)
-            ahead = self._start_reply(event.start, event.end)
+            ahead = self._start_reply(event.start, event.end, event.sample)
         ahead.end_of_turn_s = (event.sample - event.end) / SAMPLE_RATE
         await self._event(TURN_ENDED, ahead.turn, t=event.end, start=event.start / SAMPLE_RATE)
         self.reply = ahead
@@ -494,7 +503,7 @@ class _Conversation:
                 await self._emit_now(ahead, outputs, text)
         if ahead.task is not None and ahead.task.done():
             self._check(ahead)
-        self._trim(self.fed - round(_IDLE_KEEP_S * SAMPLE_RATE))
+        self._forget_idle()
 
     @staticmethod
     def _check(reply: _Reply) -> None:

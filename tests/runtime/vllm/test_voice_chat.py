@@ -13,6 +13,7 @@ time.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 
 from runtime.adapters.vad_bundle import ensure_vad_bundle
@@ -29,8 +31,10 @@ from runtime.api import PipelineSession
 from runtime.conversation import ConversationEvent, VoiceFrame
 from runtime.devices import DeviceSelection, discover_topology
 from runtime.envs import EnvInfo
+from runtime.errors import RequestCancelled, UsageError
+from runtime.ledger import outstanding_reservations
 from tests.helpers.engine import engine_of
-from tests.runtime.engine.support import on_loop
+from tests.runtime.engine.support import on_loop, shm_entries
 from tests.runtime.vllm.support import START_TIMEOUT_S
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(4 * START_TIMEOUT_S)]
@@ -76,6 +80,39 @@ def session(vllm_env: EnvInfo, smollm2_model: Path) -> Iterator[PipelineSession]
         VOICE_CHAT, topology=discover_topology(), selection=DeviceSelection()
     ) as loaded:
         yield loaded
+
+
+def _live_children() -> set[tuple[int, float]]:
+    found = set()
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.status() != psutil.STATUS_ZOMBIE:
+                found.add((child.pid, child.create_time()))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_residue(request: pytest.FixtureRequest) -> Iterator[None]:
+    """This module's guard, in place of the repository's: the module's pipeline keeps its
+    workers between tests (closing it is checked by the session's own tests), so a test fails
+    for any child process it started, shared memory it made or reservation it kept."""
+    children, segments = _live_children(), shm_entries()
+    reservations = len(outstanding_reservations())
+    yield
+    deadline = time.monotonic() + 3.0
+    while True:
+        problems = []
+        if extra := _live_children() - children:
+            problems.append(f"child processes left running: {sorted(extra)}")
+        if left := shm_entries() - segments:
+            problems.append(f"shared memory left: {sorted(left)}")
+        if len(outstanding_reservations()) > reservations:
+            problems.append(f"reservations left: {outstanding_reservations()}")
+        if not problems or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    if problems:
+        pytest.fail(f"{request.node.nodeid} left residue: " + "; ".join(problems))
 
 
 def in_flight(session: PipelineSession) -> int:
@@ -152,6 +189,26 @@ class PacedConversation:
         with self._lock:
             self._said.append(clip)
 
+    def __enter__(self) -> PacedConversation:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if exc_info[0] is not None:
+            # A failed test still leaves nothing behind: the request is cancelled.
+            self._stop.set()
+            self.handle.cancel()
+            self._feeder.join(10)
+            self._reader.join(10)
+
+    def trace(self) -> list[tuple[str, object]]:
+        """The events so far (without text deltas) and the listener's turn, audio and hold."""
+        with self.listener.lock:
+            state = (self.listener.turn, self.listener.received, self.listener.held)
+        events: list[tuple[str, object]] = [
+            (e.event, e.turn) for e in self.events if e.event != "reply_text"
+        ]
+        return [*events, ("listener", state)]
+
     def _feed(self) -> None:
         start = time.monotonic()
         fed = 0
@@ -165,7 +222,10 @@ class PacedConversation:
             frame[:take] = pending[:take]
             pending = pending[take:]
             turn, played = self.listener.report()
-            self.handle.feed(VoiceFrame(frame, reply=turn, played_samples=played))
+            try:
+                self.handle.feed(VoiceFrame(frame, reply=turn, played_samples=played))
+            except UsageError:
+                return  # the request ended (cancelled by a failed test)
             fed += FRAME
             delay = start + fed / RATE - time.monotonic()
             if delay > 0:
@@ -173,6 +233,10 @@ class PacedConversation:
         self.handle.end_input()
 
     def _read(self) -> None:
+        with contextlib.suppress(RequestCancelled):
+            self._read_outputs()
+
+    def _read_outputs(self) -> None:
         for output in self.handle:
             if output.finished:
                 self.final = output
@@ -190,25 +254,29 @@ class PacedConversation:
     def wait_for(self, name: str, count: int = 1, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
         while self.count(name) < count:
-            assert time.monotonic() < deadline, (name, count, [e.event for e in self.events])
+            if time.monotonic() > deadline:
+                pytest.fail(f"no {name} x{count}: {self.trace()}")
             time.sleep(0.02)
 
     def wait_played(self, seconds: float, timeout_s: float = 30.0) -> None:
         """Until the current reply has played ``seconds``."""
         deadline = time.monotonic() + timeout_s
         while self.listener.report()[1] < seconds * VOICE_RATE:
-            assert time.monotonic() < deadline, [e.event for e in self.events]
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out: {self.trace()}")
             time.sleep(0.02)
 
     def wait_heard(self, timeout_s: float = 60.0) -> None:
         """Until the current reply was made and played to its end."""
         deadline = time.monotonic() + timeout_s
         while True:
-            done = self.count("reply_done")
-            started = len({e.turn for e in self.events if e.event == "reply_audio"})
-            if done >= started and not self.listener.playing():
+            events = list(self.events)
+            ended = {e.turn for e in events if e.event in ("reply_done", "interrupted")}
+            started = {e.turn for e in events if e.event == "reply_audio"}
+            if started <= ended and not self.listener.playing():
                 return
-            assert time.monotonic() < deadline, [e.event for e in self.events]
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out: {self.trace()}")
             time.sleep(0.05)
 
     def end(self, timeout_s: float = 60.0) -> Any:
@@ -226,7 +294,14 @@ def words(text: str) -> list[str]:
 def test_a_live_conversation_answers_resumes_after_a_cough_and_is_interrupted(
     session: PipelineSession, clips: dict[str, np.ndarray]
 ) -> None:
-    talk = PacedConversation(session)
+    with PacedConversation(session) as talk:
+        final = converse(talk, session, clips)
+    check_conversation(talk, final)
+
+
+def converse(
+    talk: PacedConversation, session: PipelineSession, clips: dict[str, np.ndarray]
+) -> Any:
     time.sleep(0.5)
     # Turn 1: a question, answered aloud; a cough during the reply does not interrupt it.
     talk.say(clips[QUESTION])
@@ -247,8 +322,10 @@ def test_a_live_conversation_answers_resumes_after_a_cough_and_is_interrupted(
     # Turn 3: what interrupted it is the next turn, answered in turn.
     talk.wait_for("transcript", count=3, timeout_s=30)
     talk.wait_heard()
-    final = talk.end()
+    return talk.end()
 
+
+def check_conversation(talk: PacedConversation, final: Any) -> None:
     names = [event.event for event in talk.events]
     assert names.count("barge_in") == 2, names
     assert names.count("resumed") == 1
