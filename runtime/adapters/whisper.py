@@ -12,12 +12,15 @@ comes, so memory stays that of one window however long the audio, and their ``on
 told the seconds transcribed after every window. A streaming request's fed audio is spooled
 the same way. No window is decoded before the whole audio is read, since its floor depends on
 the maximum over all of it.
-:meth:`TranscribeAdapter.run` then walks the features in 30 s windows, faster-whisper's way
-for ``beam_size=1, temperature=0, without_timestamps=True``:
+:meth:`TranscribeAdapter.run` then walks the features in windows of the encoder bundle's size
+(``metadata.window_frames``: 3,000 frames, 30 s, for the ``encoder``/``decoder`` pair; 1,000,
+10 s, for ``encoder-10s``/``decoder-10s``, meant for live conversation: its encoder call
+costs about a third), faster-whisper's way for ``beam_size=1, temperature=0,
+without_timestamps=True``:
 
-1. one **encoder** call per window (3,000 frames, the last window zero-padded after
-   normalising): log-mel -> each decoder layer's cross-attention keys and values, held in
-   the encoder worker's memory while the window decodes and handed to every decoder call;
+1. one **encoder** call per window (the last window zero-padded after normalising): log-mel ->
+   each decoder layer's cross-attention keys and values, held in the encoder worker's memory
+   while the window decodes and handed to every decoder call;
 2. one **decoder** call per position: the prompt (the previous windows' text after
    ``<|startofprev|>`` unless ``condition_on_previous_text`` is off, then
    ``<|startoftranscript|><|notimestamps|>``) and then each chosen token, with the key/value
@@ -59,7 +62,6 @@ import numpy as np
 from runtime.adapters.whisper_decode import Segment, WindowDecode
 from runtime.adapters.whisper_export import WhisperBundles, read_whisper_bundles, spoken_clip
 from runtime.adapters.whisper_mel import (
-    FRAMES_PER_WINDOW,
     HOP_LENGTH,
     SAMPLE_RATE,
     PreparedAudio,
@@ -393,10 +395,12 @@ class TranscribeAdapter:
         segments: list[Segment] = []
         windows = steps = 0
         encoder_s = decoder_s = 0.0
+        frames = bundles.window_frames
         while seek < content:
-            size = min(FRAMES_PER_WINDOW, content - seek)
+            size = min(frames, content - seek)
             # A spooled window is read back from disk here; the rest of the audio stays there.
-            encoded = await ctx.call(ENCODER_STAGE, {"mel": prepared.window(seek, size)}, hold=True)
+            mel = prepared.window(seek, size, frames)
+            encoded = await ctx.call(ENCODER_STAGE, {"mel": mel}, hold=True)
             encoder_s += encoded.run_s
             windows += 1
             try:

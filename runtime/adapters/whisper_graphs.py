@@ -14,6 +14,11 @@ No exporter is involved: the graphs are written with ``onnx.helper`` from the te
              -> logits float32[1, V]                   the next token's scores
                 new_kv float32[1, L, 2, H, D]          position S - 1's keys and values
 
+Those are the shapes of Whisper's 30 s window. A shorter window (``build_encoder(frames=F)``,
+``build_decoder(audio_positions=F / 2)``; the export writes a 10 s pair too) takes
+``mel [1, 80, F]``, adds the first ``F / 2`` rows of the encoder's positional table, and gives
+cross keys and values over ``F / 2`` positions: the encoder's cost falls about in proportion.
+
 The decoder reads its position from ``self_kv``'s length, so one graph serves every step
 (``S`` from 1 to the model's 448 text positions); the caller writes ``new_kv`` into row
 ``S - 1`` of its cache. Keeping the cache position-major makes each step's input one
@@ -141,7 +146,13 @@ def _model(
 
 
 def build_encoder(model: Ct2Model, dims: WhisperDims, frames: int = 3000) -> onnx.ModelProto:
-    """The encoder graph (see the module): log-mel in, the decoder's cross keys/values out."""
+    """The encoder graph (see the module): log-mel in, the decoder's cross keys/values out.
+    ``frames``: the window's log-mel frames, even, at most twice the audio positions (3,000)."""
+    if frames <= 0 or frames % 2 or frames // 2 > dims.audio_positions:
+        raise ValueError(
+            f"a window of {frames} frames; accepted: an even number from 2 to "
+            f"{2 * dims.audio_positions}"
+        )
     g = _Graph()
     heads, head_dim, width = dims.heads, dims.head_dim, dims.width
     positions = frames // 2

@@ -5,8 +5,10 @@ end, a centred STFT (400-point periodic Hann window, hop 160, reflect padding) o
 last frame is dropped, the power spectrum through Slaney-scaled mel filters, ``log10`` clipped
 at 1e-10, floored at the maximum less 8 and scaled as ``(x + 4) / 4``. The maximum is taken
 over the whole audio, so windows cut from one call's features agree with faster-whisper's.
-Each 30 s window (3,000 frames) is the features' slice, zero-padded after normalising. The spectrum is computed a block of frames at a time, so a long file needs the
-memory of its features (32 KB a second) and one block, not of its whole spectrum.
+Each encoder window (3,000 frames, 30 s, for the full-window bundles; the encoder bundle says
+how many) is the features' slice, zero-padded after normalising. The spectrum is computed a
+block of frames at a time, so a long file needs the memory of its features (32 KB a second)
+and one block, not of its whole spectrum.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ __all__ = [
 SAMPLE_RATE: Final = 16_000
 N_FFT: Final = 400
 HOP_LENGTH: Final = 160
-#: Frames of one 30 s window.
+#: Frames of one 30 s window: Whisper's own (the full-window bundles' encoder input).
 FRAMES_PER_WINDOW: Final = 3000
 #: Frames whose spectrum :func:`log_mel` computes at once (a minute of audio).
 BLOCK_FRAMES: Final = 6000
@@ -56,9 +58,10 @@ class PreparedAudio:
         """Frames of features (the audio's samples // 160 + 1)."""
         return int(self.features.shape[1])
 
-    def window(self, start: int, size: int) -> np.ndarray:
-        """Frames ``start .. start + size`` as one encoder window (see :func:`window_features`)."""
-        return window_features(self.features, start, size)
+    def window(self, start: int, size: int, frames: int = FRAMES_PER_WINDOW) -> np.ndarray:
+        """Frames ``start .. start + size`` as one encoder window of ``frames`` frames (see
+        :func:`window_features`)."""
+        return window_features(self.features, start, size, frames)
 
 
 @functools.cache
@@ -129,10 +132,13 @@ def normalise_features(features: np.ndarray, maximum: np.floating[Any]) -> None:
     features /= 4.0
 
 
-def window_features(features: np.ndarray, start: int, size: int) -> np.ndarray:
-    """Frames ``start .. start + size`` of ``features``, zero-padded to one 30 s window and
-    shaped ``[1, n_mels, 3000]`` for the encoder."""
-    out = np.zeros((1, features.shape[0], FRAMES_PER_WINDOW), dtype=np.float32)
-    size = min(size, FRAMES_PER_WINDOW, features.shape[1] - start)
+def window_features(
+    features: np.ndarray, start: int, size: int, frames: int = FRAMES_PER_WINDOW
+) -> np.ndarray:
+    """Frames ``start .. start + size`` of ``features`` (at most ``frames`` of them),
+    zero-padded to one encoder window and shaped ``[1, n_mels, frames]`` (3,000 frames: a 30 s
+    window)."""
+    out = np.zeros((1, features.shape[0], frames), dtype=np.float32)
+    size = min(size, frames, features.shape[1] - start)
     out[0, :, :size] = features[:, start : start + size]
     return out

@@ -82,7 +82,16 @@ def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | N
 
 
 def reference_cross_kv(model: Ct2Model, dims: WhisperDims, mel: np.ndarray) -> np.ndarray:
-    """``mel`` [1, 80, 3000] -> every decoder layer's cross keys and values [L, 2, H, 1500, D]."""
+    """``mel`` [1, 80, F] -> every decoder layer's cross keys and values [L, 2, H, F / 2, D].
+
+    ``F`` is the window's frames: Whisper's 3,000 (30 s), or fewer for a shorter window, whose
+    encoder adds the first ``F / 2`` rows of the positional table (as the graph of a shorter
+    window does); at most ``2 * dims.audio_positions``."""
+    if mel.ndim != 3 or not 0 < mel.shape[2] <= 2 * dims.audio_positions:
+        raise ValueError(
+            f"mel of shape {list(mel.shape)}; accepted: [1, n_mels, frames], frames from 1 to "
+            f"{2 * dims.audio_positions}"
+        )
     x = _gelu(
         _conv(
             mel[0].astype(_DTYPE),
@@ -119,7 +128,8 @@ def reference_logits(
     model: Ct2Model, dims: WhisperDims, tokens: Sequence[int], cross_kv: np.ndarray
 ) -> np.ndarray:
     """The decoder's logits [T, V] at every position of ``tokens`` (causal), given
-    ``cross_kv`` [L, 2, H, 1500, D]."""
+    ``cross_kv`` [L, 2, H, A, D] (``A`` audio positions: 1,500 for a 30 s window, or the
+    shorter window's)."""
     count = len(tokens)
     embedding = _w(model, "decoder/embeddings/weight")
     x = embedding[list(tokens)] + _w(model, "decoder/position_encodings/encodings")[:count]

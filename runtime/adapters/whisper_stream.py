@@ -12,8 +12,8 @@ their maximum over the whole audio less 8.
 
 :func:`spool_stream` (and :class:`SpooledFeatures`, fed block by block) keeps not even the
 features in memory: each batch goes to an anonymous temporary file as it is computed, only the
-running maximum stays, and the transcription adapter reads each 30 s window back and normalises
-it when its turn comes. That is what ``omni-edge transcribe`` uses: a two-hour file needs the
+running maximum stays, and the transcription adapter reads each window (30 s, or its encoder's
+window) back and normalises it when its turn comes. That is what ``omni-edge transcribe`` uses: a two-hour file needs the
 memory of one batch and one window, and 230 MB of temporary disk.
 """
 
@@ -171,7 +171,7 @@ class FeatureStream:
 
 class SpooledFeatures:
     """The features of a long audio, held on disk instead of in memory, for a request that
-    reads them back one 30 s window at a time (:meth:`window`).
+    reads them back one encoder window at a time (:meth:`window`).
 
     :meth:`feed` computes the unnormalised log-mel batches as blocks arrive (as
     :class:`FeatureStream` does) and appends each to an anonymous temporary file (frame-major
@@ -242,13 +242,13 @@ class SpooledFeatures:
             self._file.write(np.ascontiguousarray(block.T).data)
         self._frames += block.shape[1]
 
-    def window(self, start: int, size: int) -> np.ndarray:
+    def window(self, start: int, size: int, frames: int = FRAMES_PER_WINDOW) -> np.ndarray:
         """Frames ``start .. start + size``, normalised and zero-padded to one encoder window
-        ``[1, n_mels, 3000]`` (as :func:`~runtime.adapters.whisper_mel.window_features`)."""
+        ``[1, n_mels, frames]`` (as :func:`~runtime.adapters.whisper_mel.window_features`)."""
         if not self._finished or self._maximum is None:
             raise RuntimeError("the features are read back only once finished")
-        out = np.zeros((1, self.n_mels, FRAMES_PER_WINDOW), dtype=np.float32)
-        size = max(0, min(size, FRAMES_PER_WINDOW, self._frames - start))
+        out = np.zeros((1, self.n_mels, frames), dtype=np.float32)
+        size = max(0, min(size, frames, self._frames - start))
         row = self.n_mels * _FLOAT_BYTES
         with self._lock:
             if self._file is None:
@@ -260,9 +260,9 @@ class SpooledFeatures:
                 f"the features' temporary file ended at frame {start + len(raw) // row} of "
                 f"{self._frames}"
             )
-        frames = out[0, :, :size]
-        frames[...] = np.frombuffer(raw, dtype=np.float32).reshape(size, self.n_mels).T
-        normalise_features(frames, self._maximum)
+        taken = out[0, :, :size]
+        taken[...] = np.frombuffer(raw, dtype=np.float32).reshape(size, self.n_mels).T
+        normalise_features(taken, self._maximum)
         return out
 
     def report(self, done_s: float) -> None:

@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 
-from runtime.adapters.whisper_mel import BLOCK_FRAMES, HOP_LENGTH, log_mel, window_features
+from runtime.adapters.whisper_mel import (
+    BLOCK_FRAMES,
+    HOP_LENGTH,
+    PreparedAudio,
+    log_mel,
+    window_features,
+)
 from runtime.adapters.whisper_stream import (
     FeatureStream,
     SpooledFeatures,
@@ -84,10 +90,11 @@ def test_features_computed_as_blocks_are_fed_equal_the_whole(samples: int) -> No
 # -- features spooled to disk --------------------------------------------------------------
 
 
-def _windows(features: np.ndarray) -> list[tuple[int, int]]:
-    """The transcription adapter's windows: 3,000 frames from 0 up to the last frame but one."""
+def _windows(features: np.ndarray, frames: int = 3000) -> list[tuple[int, int]]:
+    """The transcription adapter's windows: ``frames`` frames (3,000 for the 30 s bundles) from
+    0 up to the last frame but one."""
     content = features.shape[1] - 1
-    return [(seek, min(3000, content - seek)) for seek in range(0, content, 3000)]
+    return [(seek, min(frames, content - seek)) for seek in range(0, content, frames)]
 
 
 @pytest.mark.parametrize(
@@ -138,6 +145,27 @@ def test_spooled_features_fed_in_32_ms_frames_equal_the_whole() -> None:
             )
         with pytest.raises(RuntimeError, match="nothing more can be fed"):
             spooled.feed(audio[:10])
+
+
+@pytest.mark.parametrize("samples", [1_600, 16_000, 25 * 16_000 + 123])
+def test_windows_of_a_shorter_encoder_equal_the_whole_features_windows(samples: int) -> None:
+    """The 10 s bundles' windows (1,000 frames), from memory and read back from the file."""
+    rng = np.random.default_rng(samples)
+    audio = (0.1 * rng.standard_normal(samples)).astype(np.float32)
+    expected = log_mel(audio)
+    prepared = PreparedAudio(samples, expected)
+    windows = _windows(expected, 1000)
+    assert len(windows) == -(-(expected.shape[1] - 1) // 1000)
+    with spool_stream([audio[: samples // 2], audio[samples // 2 :]]) as spooled:
+        for start, size in windows:
+            window = window_features(expected, start, size, 1000)
+            assert window.shape == (1, 80, 1000)
+            assert np.array_equal(window[0, :, :size], expected[:, start : start + size])
+            assert not np.any(window[0, :, size:])
+            assert np.array_equal(prepared.window(start, size, 1000), window)
+            assert np.array_equal(spooled.window(start, size, 1000), window)
+        # The default stays Whisper's 30 s window.
+        assert spooled.window(0, 5000).shape == (1, 80, 3000)
 
 
 def test_spooled_features_keep_nothing_in_memory_or_on_the_folder(
