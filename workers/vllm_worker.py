@@ -55,6 +55,7 @@ import psutil
 
 from runtime.contracts.llm_messages import (
     CONTROLLER_TO_LLM_WORKER,
+    FASTEST,
     FINISH_REASONS,
     AbortMessage,
     DeltaMessage,
@@ -65,7 +66,9 @@ from runtime.contracts.llm_messages import (
     LlmStatsMessage,
     SamplingSpec,
     StatsMessage,
+    cpu_flags,
     decode_llm_message,
+    fastest_cpu_dtype,
 )
 from runtime.contracts.messages import ByeMessage, MessageError, ShutdownMessage
 from runtime.contracts.process import (
@@ -222,10 +225,14 @@ class LlmWorker:
         llm_engine = importlib.import_module("vllm.v1.engine.llm_engine")
         arg_utils = importlib.import_module("vllm.engine.arg_utils")
         args = message.engine_args
+        dtype = args.dtype
+        if dtype == FASTEST:
+            platform = importlib.import_module("vllm.platforms").current_platform
+            dtype = fastest_cpu_dtype(cpu_flags()) if platform.is_cpu() else "auto"
         options: dict[str, Any] = {
             "model": str(model_dir),
             "tokenizer": str(model_dir),
-            "dtype": args.dtype,
+            "dtype": dtype,
             "max_num_seqs": args.max_num_seqs,
             "enforce_eager": args.enforce_eager,
             "seed": args.seed,

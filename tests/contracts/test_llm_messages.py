@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -314,3 +315,34 @@ def test_deltas_round_trip_any_text_and_tokens(text: str, tokens: list[int], epo
     message = DeltaMessage("req", epoch, text, tuple(tokens), False, None)
     frame = decode_frame(encode_frame(message.KIND, message.to_body()))
     assert decode_llm_message(frame, LLM_WORKER_TO_CONTROLLER) == message
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ({"avx512f", "avx512_bf16"}, "bfloat16"),
+        ({"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}, "float32"),
+        ({"avx2", "fma"}, "float32"),
+        (set(), "float32"),
+    ],
+    ids=["bf16-without-amx", "amx", "no-avx512-bf16", "unknown"],
+)
+def test_fastest_is_bfloat16_only_on_cpus_that_compute_it_right(
+    flags: set[str], expected: str
+) -> None:
+    from runtime.contracts.llm_messages import fastest_cpu_dtype
+
+    assert fastest_cpu_dtype(frozenset(flags)) == expected
+
+
+def test_cpu_flags_come_from_the_first_cpu_and_nothing_when_unreadable(tmp_path: Path) -> None:
+    from runtime.contracts.llm_messages import DTYPES, FASTEST, EngineArgs, cpu_flags
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nflags\t\t: fpu avx512_bf16 sse2\n\nprocessor\t: 1\nflags\t\t: amx_bf16\n"
+    )
+    assert cpu_flags(str(cpuinfo)) == frozenset({"fpu", "avx512_bf16", "sse2"})
+    assert cpu_flags(str(tmp_path / "missing")) == frozenset()
+    assert FASTEST in DTYPES
+    assert EngineArgs(dtype=FASTEST).dtype == FASTEST
