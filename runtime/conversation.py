@@ -112,11 +112,11 @@ class VoiceFrame:
 
 @dataclass(frozen=True, slots=True)
 class TurnLatency:
-    """Where one turn's wait went, in seconds: from the end of the user's speech to the turn's
-    end being known (``end_of_turn``), the transcription that was still to finish then
-    (``transcription``), the language model's first clause (``first_clause``), the voice's
-    first audio (``first_audio``), all measured from the end of the user's speech in the
-    stream's own time; ``total`` is the last. Zero where speculative work was ready."""
+    """Where one turn's wait went: seconds from the end of the user's speech (in the stream's
+    own time) until the turn's end was known (``end_of_turn``), the transcript was ready
+    (``transcription``), the language model's first piece was ready (``first_clause``) and
+    the voice's first audio went out (``first_audio``, the total). Work done ahead of the
+    turn's end shows as ready before ``end_of_turn``."""
 
     end_of_turn: float
     transcription: float

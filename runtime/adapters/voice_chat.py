@@ -559,7 +559,9 @@ class _Conversation:
             base = reply.committed_at
 
             def after(at: float | None) -> float:
-                return reply.end_of_turn_s + (0.0 if at is None else max(0.0, at - base))
+                # Work done ahead of the turn's end was ready before it: earlier than the
+                # end of turn, never before the speech ended.
+                return max(0.0, reply.end_of_turn_s + (0.0 if at is None else at - base))
 
             latency = TurnLatency(
                 end_of_turn=reply.end_of_turn_s,
@@ -609,8 +611,6 @@ class _Conversation:
         event = outputs.get("event")
         if event == REPLY_AUDIO:
             reply.first_audio_at = reply.first_audio_at or now
-        elif event == TRANSCRIPT:
-            reply.transcribed_at = reply.transcribed_at or now
         stage = self.ctx.stage_name(
             SPEECH_STAGE + 1
             if event == REPLY_AUDIO
@@ -623,6 +623,7 @@ class _Conversation:
     async def _work(self, reply: _Reply, audio: np.ndarray) -> None:
         """Transcribe the turn's speech, then generate and speak the reply."""
         reply.user = (await self._transcribe(reply, audio)).strip()
+        reply.transcribed_at = time.perf_counter()
         if reply.stopped:
             raise _ReplyStopped
         if not reply.committed:
