@@ -70,9 +70,9 @@ gpu-check:
 	fi
 
 # Refresh docs/screenshots/ (the studio on Xvfb during a run, each panel, Add model…,
-# the first-use offer).
+# the first-use offer; a spoken conversation, rendered offscreen, needs vLLM and JACK).
 screenshots: setup
-	OMNI_EDGE_SCREENSHOTS=$(CURDIR)/docs/screenshots $(BIN)/pytest tests/app/test_studio_screenshots.py tests/app/test_add_model_screenshots.py tests/app/test_studio_transcribe_screenshots.py
+	OMNI_EDGE_SCREENSHOTS=$(CURDIR)/docs/screenshots $(BIN)/pytest tests/app/test_studio_screenshots.py tests/app/test_add_model_screenshots.py tests/app/test_studio_transcribe_screenshots.py tests/app/test_studio_voice_chat.py
 
 lint: setup
 	$(BIN)/ruff check .

@@ -21,8 +21,8 @@ bridge makes it and each reaching the GUI only through the same hop: the loaded 
 (:mod:`app.bridge_pipelines`), the device selection and topology (:mod:`app.bridge_devices`),
 the Serve switch (:mod:`app.bridge_serving`), the imports of My pipelines
 (:mod:`app.bridge_models`), the first-use setup (:mod:`app.bridge_setup`), the audio input
-(:mod:`app.bridge_audio_input`) and the dictation's transcriber
-(:mod:`app.bridge_transcriber`).
+(:mod:`app.bridge_audio_input`), the dictation's transcriber
+(:mod:`app.bridge_transcriber`) and the spoken conversation (:mod:`app.bridge_voice`).
 
 State that belongs to the GUI (``state``, the current request) is touched only on the GUI
 thread; state that belongs to the runtime (the loaded pipelines) only in control jobs, which
@@ -49,6 +49,7 @@ from app.bridge_pipelines import LoadCancelled, LoadedPipelines, PendingLoad
 from app.bridge_serving import ServeSwitch, serve_unavailable_reason
 from app.bridge_setup import SetupJobs
 from app.bridge_transcriber import Transcriber
+from app.bridge_voice import VoiceEnded, VoiceStart, VoiceTalk, export_missing_vad
 from app.control import ControlThread, GuiHop, LogForwarder
 from app.models import (
     ErrorInfo,
@@ -100,6 +101,7 @@ from runtime.planning import plan_pipeline
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from app.bridge_voice import LiveConversation
     from runtime.api import ExecutionPlan, RequestHandle, Resolution
     from runtime.config import PipelineConfig
     from runtime.devices import Topology
@@ -216,6 +218,9 @@ class RuntimeBridge(QObject):
         #: The audio input: the Devices panel's level meter and Dictate's recordings.
         self.recorder = InputRecorder(post=self._post, parent=self)
         self._transcriber: Transcriber | None = None
+        #: The spoken conversation on a voice-chat pipeline: started as a run (:meth:`talk`).
+        self.voice = VoiceTalk(post=self._post, submit=self._submit, parent=self)
+        self.voice.ended.connect(self._talk_ended)
 
         self._thread.finished.connect(self._on_thread_finished)
         self._unsubscribe_ledger = self.ledger.subscribe(self._on_ledger_event)
@@ -333,6 +338,11 @@ class RuntimeBridge(QObject):
         self._set_state(RunState.LOADING)
         return True
 
+    def talk(self, start: VoiceStart) -> bool:
+        """Start a spoken conversation on the open voice-chat pipeline: like a run, it waits
+        for the load under way or loads the stages first; it runs until ``voice`` ends it."""
+        return self.run(start)
+
     def cancel(self, *, keep_loaded: bool = False) -> bool:
         """Cancel the running request (or the load it is waiting for). The stages are then
         unloaded, unless ``keep_loaded`` (the chat view's Stop) and all are still usable; a
@@ -353,6 +363,8 @@ class RuntimeBridge(QObject):
             return True
         if self._state is RunState.RUNNING:
             self._set_state(RunState.CANCELLING)
+            if self.voice.cancel():
+                return True
             request_id = self.request_id
             if request_id is None:
                 self._cancel_after_load = True
@@ -418,6 +430,7 @@ class RuntimeBridge(QObject):
         if self._pending_load is not None:
             self._pending_load.cancel()
         self._submit(self._serving.stop_job)
+        self._submit(self.voice.close_job)
         self._submit(self._pipelines.unload)
         self._thread.stop()
 
@@ -500,6 +513,7 @@ class RuntimeBridge(QObject):
         try:
             if not is_manifest_path(path):
                 export_missing_voices(path, progress=self._post_studio_line)
+                export_missing_vad(path, progress=self._post_studio_line)
                 # Offered first in the window; exported here only where no offer is made.
                 export_missing_recognisers(path, progress=self._post_studio_line)
             opened = describe_pipeline(path, topology, selection, self.ledger.snapshot())
@@ -533,12 +547,23 @@ class RuntimeBridge(QObject):
         self._post(partial(self._after_load, pending))
 
     def _submit_job(self, request_input: object) -> None:
+        if isinstance(request_input, VoiceStart):
+            self._talk_job(request_input)
+            return
         try:
             request = self._pipelines.submit(request_input)
         except OmniError as exc:
             self._post(partial(self._request_failed, exc))
             return
         self._post(partial(self._submitted, request))
+
+    def _talk_job(self, start: VoiceStart) -> None:
+        try:
+            live = self.voice.start_job(self._pipelines.session(), start)
+        except (OmniError, OSError) as exc:
+            self._post(partial(self._request_failed, exc))
+            return
+        self._post(partial(self._talk_started, live))
 
     def _cancel_job(self, request_id: str) -> None:
         self._pipelines.cancel(request_id)
@@ -623,7 +648,22 @@ class RuntimeBridge(QObject):
             self._submit(partial(self._cancel_job, handle.request_id))
         self._watch(handle)
 
-    def _request_failed(self, error: OmniError) -> None:
+    def _talk_started(self, live: LiveConversation) -> None:
+        self.voice.attach(live)
+        if self._cancel_after_load and self._state is RunState.CANCELLING:
+            self.voice.cancel()
+
+    def _talk_ended(self, ended: VoiceEnded) -> None:
+        """A spoken conversation ended: as a request's end, but its stages stay loaded."""
+        if self._state in (RunState.CLOSING, RunState.CLOSED):
+            return
+        if ended.error is not None:
+            self.error.emit(error_info(ended.error))
+        message = "" if ended.error is None else str(ended.error)
+        self._finish_run(RunOutcome(None, ended.status, message))
+        self._submit(partial(self._settle_job, ended.status == "cancelled", True))
+
+    def _request_failed(self, error: OmniError | OSError) -> None:
         if self._state in (RunState.CLOSING, RunState.CLOSED):
             return
         self.error.emit(error_info(error))

@@ -173,11 +173,15 @@ class LoadedPipelines:
             warm.close()
         return None
 
-    def submit(self, request_input: object) -> RequestHandle:
+    def session(self) -> PipelineSession:
+        """The open pipeline's loaded session (to start a spoken conversation on)."""
         loaded = self.open
         if loaded is None:
             raise UsageError("the pipeline is not loaded")
-        return loaded.session.submit(request_input)
+        return loaded.session
+
+    def submit(self, request_input: object) -> RequestHandle:
+        return self.session().submit(request_input)
 
     def cancel(self, request_id: str) -> None:
         loaded = self.open

@@ -54,15 +54,16 @@ FORMAT: Final = 1
 KIND: Final = "omni-edge-conversation"
 #: Turn roles in a transcript (the system prompt is the conversation's own field).
 TURN_ROLES: Final = ("user", "assistant")
-#: How a reply ended: completed, stopped by the user, or failed.
-REPLY_STATUSES: Final = ("done", "stopped", "failed")
+#: How a reply ended: completed, stopped by the user, failed, or (a spoken reply) interrupted
+#: by the user speaking over it, kept as far as it was heard.
+REPLY_STATUSES: Final = ("done", "stopped", "failed", "interrupted")
 TITLE_CHARS: Final = 60
 DEFAULT_TITLE: Final = "New conversation"
 _ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 _ACCEPTED: Final = f"a conversation the studio saved ('kind': {KIND!r}, 'format': {FORMAT})"
 
 Role = Literal["user", "assistant"]
-Status = Literal["done", "stopped", "failed"]
+Status = Literal["done", "stopped", "failed", "interrupted"]
 
 
 class ConversationError(ValueError):
@@ -161,6 +162,16 @@ class Conversation:
             raise ValueError("a reply follows a user turn")
         return self._appended(Turn("assistant", text, status, prompt, error), now)
 
+    def with_reply_at(self, index: int, text: str, status: Status) -> Conversation:
+        """The conversation with the reply at ``index`` of the turns replaced (a spoken reply
+        interrupted after it was written, kept as far as it was heard)."""
+        if not 0 <= index < len(self.turns) or self.turns[index].role != "assistant":
+            raise ValueError(f"turn {index} is not a reply")
+        if status not in REPLY_STATUSES:
+            raise ValueError(f"reply status {status!r}; accepted: {', '.join(REPLY_STATUSES)}")
+        turn = replace(self.turns[index], content=text, status=status)
+        return replace(self, turns=(*self.turns[:index], turn, *self.turns[index + 1 :]))
+
     def for_regeneration(self) -> Conversation:
         """The conversation without its last reply, ending with the user turn to re-run."""
         turns = self.turns
@@ -172,7 +183,8 @@ class Conversation:
 
     def messages(self) -> tuple[ChatMessage, ...]:
         """The chat messages of the next request: the system prompt when it has text, then
-        every turn except failed replies (a stopped reply goes as far as it was written)."""
+        every turn except failed replies (a stopped reply goes as far as it was written, an
+        interrupted one as far as it was heard)."""
         messages = [ChatMessage("system", self.system)] if self.system.strip() else []
         for turn in self.turns:
             if turn.role == "assistant" and (turn.status == "failed" or not turn.content):

@@ -354,6 +354,8 @@ class PipelineInfo:
     manifests: tuple[ManifestView, ...]
     #: Text in, with a language-model stage: the studio shows a conversation view.
     chat: bool = False
+    #: A spoken conversation (voice-chat): the conversation view with the microphone.
+    voice: bool = False
 
 
 # ------------------------------------------------------------------------------ outputs

@@ -43,7 +43,9 @@ from app.models import (
     TopologyView,
     TranscriptSegment,
 )
+from app.voice_presenters import is_voice_chat
 from runtime.artifacts import inspect_bundle, load_example_inputs
+from runtime.audio.devices import AudioDeviceError, UnknownAudioDevice
 from runtime.config import (
     GraphBackendConfig,
     LlmBackendConfig,
@@ -315,6 +317,8 @@ def execution_view(plan: ExecutionPlan) -> ExecutionView:
 
 
 _ERROR_KINDS: tuple[tuple[type[BaseException], str, ErrorAction | None], ...] = (
+    (AudioDeviceError, "The audio device could not be used", ErrorAction.OPEN_DEVICES),
+    (UnknownAudioDevice, "The audio device could not be used", ErrorAction.OPEN_DEVICES),
     (AdmissionRefused, "Not enough memory for this plan", ErrorAction.OPEN_DEVICES),
     (DeviceExcluded, "A stage's device is not available", ErrorAction.OPEN_DEVICES),
     (
@@ -639,6 +643,7 @@ def describe_pipeline(
         ),
         chat=kind is InputKind.TEXT
         and any(isinstance(stage.backend, LlmBackendConfig) for stage in config.stages),
+        voice=is_voice_chat(config),
     )
     return OpenedPipeline(info, config, plan)
 

@@ -29,6 +29,7 @@ from app.conversations import ConversationStore
 from app.demos import demo_pipelines, llm_environment
 from app.models import InputKind, RunOutcome, RunState
 from app.settings import StudioSettings
+from app.voice_presenters import names_voice_chat
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -366,7 +367,17 @@ def run_self_test(
         try:
             for path in demos:
                 environment = llm_environment(path)
-                if environment is not None and not with_llm:
+                if names_voice_chat(path):
+                    result = DemoResult(
+                        path.stem,
+                        str(path),
+                        True,
+                        0.0,
+                        "not run: a spoken conversation needs a microphone and a speaker (the "
+                        "conversation view's Talk, or omni-edge talk)",
+                        skipped=True,
+                    )
+                elif environment is not None and not with_llm:
                     result = DemoResult(
                         path.stem,
                         str(path),

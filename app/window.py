@@ -55,6 +55,7 @@ from app.widgets.serve import ServePanel
 from app.window_models import MyPipelinesHook
 from app.window_setup import FirstUseHook
 from app.window_transcribe import TranscribeHook
+from app.window_voice import VoiceHook
 
 APP_TITLE = "Omni Edge Studio"
 PANELS = ("devices", "plan", "manifest", "metrics", "log", "serve")
@@ -166,6 +167,7 @@ class MainWindow(QMainWindow):
         self.my_pipelines = MyPipelinesHook(self, self.add_model_action, parent=self)
         self.first_use = FirstUseHook(self, parent=self)
         self.transcribe = TranscribeHook(self, parent=self)
+        self.voice = VoiceHook(self, self.bridge.recorder, parent=self)
         self.chat.before_send = self.first_use.offer_before_run
         self.devices_panel.select_machine(self.settings.topology_file)
         self.output.playback.preferred_device = self.settings.audio_device
@@ -297,7 +299,7 @@ class MainWindow(QMainWindow):
     def run(self) -> None:
         if not self.bridge.state.can_run or self.first_use.offer_before_run():
             return
-        if self.transcribe.run():
+        if self.voice.run() or self.transcribe.run():
             return
         if self.chat_mode:
             self.chat.send()
@@ -438,9 +440,10 @@ class MainWindow(QMainWindow):
         self.output.show_streams(info.input_kind is InputKind.TEXT)
         # A chat pipeline's text goes to the conversation view; its audio (chat-speak) shows
         # the output's waveform and playback controls once the first chunk arrives.
-        self.chat.setVisible(info.chat)
-        self.output.setVisible(not info.chat)
-        if info.chat:
+        conversation = info.chat or info.voice
+        self.chat.setVisible(conversation)
+        self.output.setVisible(not conversation)
+        if conversation:
             self.chat.set_pipeline(info.name)
         self._fit_run_pane()
         self.metrics_panel.clear()

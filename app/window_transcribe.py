@@ -140,8 +140,9 @@ class TranscribeHook(QObject):
         return assets_dir() / "pipelines" / TRANSCRIBE_PIPELINE
 
     def _audio_pipeline_open(self) -> bool:
+        """A transcription pipeline is open (audio in; a spoken conversation is not one)."""
         info = self.window.bridge.pipeline
-        return info is not None and info.input_kind is InputKind.AUDIO
+        return info is not None and info.input_kind is InputKind.AUDIO and not info.voice
 
     def choose_audio(self) -> None:
         folder = str(self.source.parent) if self.source is not None else str(Path.cwd())
@@ -223,7 +224,7 @@ class TranscribeHook(QObject):
             self.view.finished("failed", "the pipeline did not accept the request")
 
     def _on_opened(self, info: PipelineInfo) -> None:
-        audio = info.input_kind is InputKind.AUDIO
+        audio = info.input_kind is InputKind.AUDIO and not info.voice
         self.view.setVisible(audio)
         if audio:
             self.window.output.hide()

@@ -257,7 +257,8 @@ class VoiceConversation:
             if not self._done.is_set():
                 handle.end_input()
         except OmniError as exc:
-            if not self._done.is_set():
+            # A cancel ends the request under the feeding thread: that is no failure.
+            if not self._done.is_set() and not self._stopping.is_set():
                 self._fail(exc)
         except BaseException as exc:  # noqa: BLE001 - reported to the owner by stop()
             self._fail(exc)

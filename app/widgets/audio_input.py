@@ -73,14 +73,15 @@ class LevelMeter(QWidget):
 
 
 class AudioInputBox(QGroupBox):
-    """Which input Dictate records from, and its level while testing or dictating."""
+    """Which input Dictate records from and a spoken conversation hears, and its level while
+    testing, dictating or talking."""
 
     device_chosen = Signal(object)  # str | None (the default input)
     test_toggled = Signal(bool)
     refresh_requested = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__("Audio input (Dictate records from it)", parent)
+        super().__init__("Audio input (Dictate and conversations use it)", parent)
         self.device_box = QComboBox()
         self.device_box.setSizeAdjustPolicy(
             QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon

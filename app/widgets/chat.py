@@ -1,6 +1,10 @@
 """The conversation view of a language-model pipeline: saved conversations, the system prompt,
 the transcript with the reply streaming in, and Send, Stop, Regenerate, Copy and New.
 
+On a voice-chat pipeline the view is a spoken conversation's instead: the microphone's
+controls (:class:`app.widgets.voice.VoiceControls`) replace the message box, the words being
+heard show as the user's pending message and the reply streams in as it is spoken.
+
 The view only turns the user's actions into requests (``submit_requested``: the
 conversation's ``{"messages": [...]}``) and the bridge's values (text chunks, the run's
 outcome) into the transcript; the window hands requests to the bridge. Conversations are
@@ -35,6 +39,7 @@ from app.models import ErrorInfo, RunOutcome, RunState, TextChunk
 from app.widgets.audio_input import LevelMeter
 from app.widgets.common import NEUTRAL, OK, WARN, StatusChip, dim, section_title
 from app.widgets.loading import LoadingView
+from app.widgets.voice import VoiceControls
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -60,9 +65,13 @@ def transcript_html(
     palette: QPalette,
     *,
     draft_note: str = "writing",
+    heard: str | None = None,
+    empty_hint: str = "Write a message below and press Send (Ctrl+Enter). The reply streams "
+    "in as the model writes it.",
 ) -> str:
-    """The turns as bubbles: the user's on the right, the assistant's on the left; the reply
-    being written last, with a cursor and ``draft_note`` (what it waits for)."""
+    """The turns as bubbles: the user's on the right, the assistant's on the left; the user's
+    words being heard (``heard``, spoken) then the reply being written last, with a cursor and
+    ``draft_note`` (what it waits for); ``empty_hint`` when there is nothing yet."""
     user_bg = palette.color(QPalette.ColorRole.Highlight)
     user_bg.setAlpha(255)
     user_fg = palette.color(QPalette.ColorRole.HighlightedText).name()
@@ -92,13 +101,12 @@ def transcript_html(
 
     for turn in conversation.turns:
         bubble(_paragraphs(turn.content), user=turn.role == "user", note=_turn_note(turn))
+    if heard is not None:
+        bubble(_paragraphs(heard) + " …", user=True, note="hearing")
     if draft is not None:
         bubble(_paragraphs(draft.text) + " ▍", user=False, note=draft_note)
     if not rows:
-        rows.append(
-            f'<p style="color:{note_fg}">Write a message below and press Send '
-            "(Ctrl+Enter). The reply streams in as the model writes it.</p>"
-        )
+        rows.append(f'<p style="color:{note_fg}">{html.escape(empty_hint)}</p>')
     return "".join(rows)
 
 
@@ -135,6 +143,12 @@ class ChatView(QWidget):
         #: Asked before the Delete button removes a conversation (its title -> go ahead).
         self.confirm_delete: Callable[[str], bool] = self._ask_before_deleting
         self._state = RunState.EMPTY
+        #: A spoken conversation runs (the voice-chat pipeline): the list waits for its end.
+        self.talking = False
+        #: The spoken conversation's pending bubbles: the words being heard, the reply being
+        #: spoken, and what the reply's bubble says.
+        self.voice_pending: tuple[str | None, str | None, str] = (None, None, "")
+        self.voice = VoiceControls()
         #: The stages' load, while the message sent waits for it.
         self.loading = LoadingView(hide_when_ready=True)
         self._reported: set[str] = set()
@@ -215,13 +229,15 @@ class ChatView(QWidget):
         right = QWidget()
         right_layout = QVBoxLayout(right)
         right_layout.setContentsMargins(4, 0, 0, 0)
-        right_layout.addWidget(QLabel("System prompt"))
+        self.system_label = QLabel("System prompt")
+        right_layout.addWidget(self.system_label)
         right_layout.addWidget(self.system_prompt)
         self.title = section_title(self.conversation.title)
         right_layout.addWidget(self.title)
         right_layout.addWidget(self.loading)
         right_layout.addWidget(self.transcript, 1)
         right_layout.addWidget(self.composer)
+        right_layout.addWidget(self.voice)
         right_layout.addLayout(buttons)
 
         self.splitter = QSplitter(Qt.Orientation.Horizontal)
@@ -289,10 +305,11 @@ class ChatView(QWidget):
         has_user_turn = any(turn.role == "user" for turn in self.conversation.turns)
         self.regenerate_button.setEnabled(idle and has_user_turn)
         self.copy_button.setEnabled(self._last_reply() is not None)
-        self.new_button.setEnabled(self.draft is None)
+        free = self.draft is None and not self.talking
+        self.new_button.setEnabled(free)
         selected = self.history.currentItem() is not None
-        self.open_button.setEnabled(self.draft is None and selected)
-        self.delete_button.setEnabled(self.draft is None and selected)
+        self.open_button.setEnabled(free and selected)
+        self.delete_button.setEnabled(free and selected)
         self.system_prompt.setReadOnly(self.draft is not None)
 
     def _last_reply(self) -> str | None:
@@ -339,7 +356,7 @@ class ChatView(QWidget):
         return True
 
     def new_conversation(self) -> None:
-        if self.draft is not None:
+        if self.draft is not None or self.talking:
             return
         self.conversation = Conversation.new(self.pipeline, self.system_prompt.toPlainText())
         self.history.setCurrentRow(-1)
@@ -347,7 +364,7 @@ class ChatView(QWidget):
         self.redraw()
 
     def open_conversation(self, conversation_id: str) -> bool:
-        if self.draft is not None:
+        if self.draft is not None or self.talking:
             return False
         try:
             conversation = self.store.load(conversation_id)
@@ -362,7 +379,7 @@ class ChatView(QWidget):
         return True
 
     def delete_conversation(self, conversation_id: str) -> bool:
-        if self.draft is not None:
+        if self.draft is not None or self.talking:
             return False
         try:
             self.store.delete(conversation_id)
@@ -456,8 +473,25 @@ class ChatView(QWidget):
         self._redraw.stop()
         self.title.setText(self.conversation.title)
         note = "waiting for the model to load" if self.waiting_for_load else "writing"
+        draft = self.draft
+        heard, spoken, voice_note = self.voice_pending
+        if draft is None and spoken is not None:
+            draft, note = ReplyDraft(text=spoken), voice_note
+        hint = (
+            "Press Talk and speak: the assistant answers aloud."
+            if self.voice.voice
+            else "Write a message below and press Send (Ctrl+Enter). The reply streams in as "
+            "the model writes it."
+        )
         self.transcript.setHtml(
-            transcript_html(self.conversation, self.draft, self.palette(), draft_note=note)
+            transcript_html(
+                self.conversation,
+                draft,
+                self.palette(),
+                draft_note=note,
+                heard=heard,
+                empty_hint=hint,
+            )
         )
         bar = self.transcript.verticalScrollBar()
         bar.setValue(bar.maximum())
@@ -473,6 +507,51 @@ class ChatView(QWidget):
         except ConversationError as exc:
             self.problem.emit(ErrorInfo("The conversation was not saved", str(exc), kind="warning"))
         self.refresh_history()
+
+    def set_voice(self, voice: bool) -> None:
+        """A voice-chat pipeline is open (the microphone replaces the message box; its system
+        prompt is the pipeline's own), or another (the microphone offers to open one)."""
+        self.voice.set_voice(voice)
+        for widget in (
+            self.composer,
+            self.send_button,
+            self.stop_button,
+            self.regenerate_button,
+            self.dictate_button,
+            self.system_label,
+            self.system_prompt,
+            self.status,
+        ):
+            widget.setVisible(not voice)
+        if not voice:
+            self.dictate_meter.hide()
+        self.redraw()
+
+    def show_voice(
+        self,
+        conversation: Conversation,
+        heard: str | None,
+        reply: str | None,
+        note: str,
+        *,
+        save: bool = False,
+    ) -> None:
+        """A spoken conversation's turns and pending bubbles; ``save`` after a turn."""
+        self.conversation = conversation
+        self.voice_pending = (heard, reply, note)
+        if save:
+            self._save()
+        if not self._redraw.isActive():
+            self._redraw.start()
+
+    def set_talking(self, talking: bool) -> None:
+        if talking == self.talking:
+            return
+        self.talking = talking
+        if not talking:
+            self.voice_pending = (None, None, "")
+            self.redraw()
+        self._update_buttons()
 
     def set_dictating(self, state: str) -> None:
         """Dictate's look: ``recording`` (checked, the meter shown), ``transcribing`` (busy)

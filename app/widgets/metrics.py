@@ -1,4 +1,5 @@
-"""The Metrics panel: time to first audio, real-time factor, underruns, per-stage latency."""
+"""The Metrics panel: time to first audio, real-time factor, underruns, per-stage latency, and
+a spoken conversation's latency turn by turn."""
 
 from __future__ import annotations
 
@@ -18,8 +19,20 @@ from app.models import RequestMetrics
 from app.widgets.common import format_seconds, readonly_table, set_row
 
 if TYPE_CHECKING:
-    from app.models import StallStats
+    from collections.abc import Sequence
 
+    from app.models import StallStats
+    from app.voice_presenters import TurnLatencyRow
+
+#: The turn table's columns after the turn, and what each measures.
+TURN_COLUMNS = (
+    ("End of turn", "from the end of your speech to the turn's end being known (the silence)"),
+    ("Transcription", "the transcription still to finish when the turn ended"),
+    ("First clause", "the language model's first clause of the reply"),
+    ("First audio", "the voice's first audio of the reply"),
+    ("Player lead", "from that audio's arrival to its first sample handed to the device"),
+    ("Total", "from the end of your speech to the reply's first sample at the device"),
+)
 #: Metrics arrive per stage call; the panel redraws at most this often.
 REFRESH_MS = 100
 QUEUE_COLOR = (150, 150, 160)
@@ -136,12 +149,26 @@ class MetricsPanel(QWidget):
         self.chart = StageLatencyChart()
         self.table = readonly_table(["Stage", "Calls", "Queue", "Run", "Transfer", "Total"])
         self.status = QLabel("No request yet.")
+        self.turns_title = QLabel(
+            "Spoken conversation: each turn's wait from the end of your speech (its parts come "
+            "with the conversation's end)"
+        )
+        self.turns_title.setWordWrap(True)
+        self.turns = readonly_table(["Turn", *(name for name, _tip in TURN_COLUMNS)])
+        for column, (_name, tip) in enumerate(TURN_COLUMNS, start=1):
+            header = self.turns.horizontalHeaderItem(column)
+            if header is not None:
+                header.setToolTip(tip)
+        self.turn_rows: tuple[TurnLatencyRow, ...] = ()
         layout = QVBoxLayout(self)
         layout.addLayout(tiles)
         layout.addWidget(self.status)
         layout.addWidget(QLabel("Per-stage latency of the last request"))
         layout.addWidget(self.chart, 3)
         layout.addWidget(self.table, 2)
+        layout.addWidget(self.turns_title)
+        layout.addWidget(self.turns, 2)
+        self.show_turns(())
         self.set_underruns(0)
         self._refresh = QTimer(self)
         self._refresh.setSingleShot(True)
@@ -199,6 +226,24 @@ class MetricsPanel(QWidget):
                 ],
             )
         self.table.resizeColumnsToContents()
+
+    def show_turns(self, rows: Sequence[TurnLatencyRow]) -> None:
+        """A spoken conversation's turns (none: the table is hidden)."""
+        self.turn_rows = tuple(rows)
+        self.turns_title.setVisible(bool(rows))
+        self.turns.setVisible(bool(rows))
+        self.turns.setRowCount(0)
+        for index, row in enumerate(rows):
+            parts = (row.end_of_turn_s, row.transcription_s, row.first_clause_s, row.first_audio_s)
+            known = row.first_audio_s is not None
+            cells = [
+                f"{row.turn}" + (" (interrupted)" if row.interrupted else ""),
+                *(format_seconds(part) if known else "…" for part in parts),
+                format_seconds(row.player_lead_s),
+                format_seconds(row.total_s) if known else "…",
+            ]
+            set_row(self.turns, index, cells)
+        self.turns.resizeColumnsToContents()
 
     def set_underruns(self, count: int) -> None:
         self.underruns.set_value(

@@ -224,13 +224,15 @@ class RunPane(QWidget):
             f"{info.description}\nStages: {stages}" if info.description else f"Stages: {stages}"
         )
         text = info.input_kind is InputKind.TEXT
-        # A chat pipeline's input is the conversation view's message, sent from there.
-        self.inputs_title.setVisible(not info.chat)
-        self.run_button.setVisible(not info.chat)
-        self.cancel_button.setVisible(not info.chat)
+        # A chat pipeline's input is the conversation view's message, sent from there; a
+        # spoken conversation's is the microphone, started there.
+        conversation = info.chat or info.voice
+        self.inputs_title.setVisible(not conversation)
+        self.run_button.setVisible(not conversation)
+        self.cancel_button.setVisible(not conversation)
         self.text_input.setVisible(text and not info.chat)
         self.tensor_inputs.setVisible(info.input_kind is InputKind.TENSORS)
-        self.audio_row.setVisible(info.input_kind is InputKind.AUDIO)
+        self.audio_row.setVisible(info.input_kind is InputKind.AUDIO and not info.voice)
         if text:
             self.text_input.setPlainText(info.example_text)
         elif info.input_kind is InputKind.TENSORS:

