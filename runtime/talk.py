@@ -21,10 +21,13 @@ the device, and the device's reported output latency), in :attr:`VoiceConversati
 from __future__ import annotations
 
 import contextlib
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
 
 from runtime.audio.duplex import DuplexAudio
 from runtime.audio.echo import ECHO_KINDS, make_echo_canceller
@@ -132,6 +135,10 @@ class VoiceConversation:
         self._state = LISTENING
         self._reply_turn: int | None = None
         self._open_reply: int | None = None
+        #: The speaker's work, in order, for the player's thread: begin, audio, end of a reply.
+        self._queue: queue.Queue[tuple[str, int, int | np.ndarray | None] | None] = queue.Queue()
+        #: Turns whose replies were interrupted: what is still queued of them is dropped.
+        self._dropped: set[int] = set()
         self._timings: dict[int, TurnTiming] = {}
         self._final: OmniRequestOutput | None = None
         self._failure: BaseException | None = None
@@ -152,6 +159,8 @@ class VoiceConversation:
                 self.settings.device,
                 reply_rate=self.session.options.sample_rate or 22050,
                 block_frames=self.settings.block_frames,
+                # A whole reply fits (the voice runs ahead of the speaker).
+                buffer_s=60.0,
                 echo_canceller=canceller,
             )
         self._audio.start()
@@ -160,7 +169,8 @@ class VoiceConversation:
         except BaseException:
             self._audio.close()
             raise
-        for name, target in (("capture", self._capture), ("output", self._output)):
+        threads = (("capture", self._capture), ("output", self._output), ("player", self._player))
+        for name, target in threads:
             thread = threading.Thread(target=target, name=f"omni-talk-{name}", daemon=True)
             self._threads.append(thread)
             thread.start()
@@ -296,6 +306,7 @@ class VoiceConversation:
                 self._fail(exc)
         finally:
             self._close_reply()
+            self._queue.put(None)
             self._done.set()
             self._stopping.set()
 
@@ -322,6 +333,8 @@ class VoiceConversation:
         elif name == RESUMED:
             audio.resume()
         elif name == INTERRUPTED:
+            # What is queued for the speaker is dropped, here and in the player's thread.
+            self._dropped.add(event.turn)
             audio.interrupt()
             self._timing(event.turn).interrupted = True
             self._close_reply()
@@ -340,23 +353,50 @@ class VoiceConversation:
             self._on_event(event)
 
     def _play(self, turn: int, chunk: AudioChunk, now: float) -> None:
-        audio = self._audio
-        assert audio is not None
         if self._open_reply != turn:
             self._close_reply()
-            audio.begin_reply(str(turn), sample_rate=chunk.sample_rate)
+            self._queue.put(("begin", turn, chunk.sample_rate))
             self._open_reply = turn
             self._reply_turn = turn
             self._timing(turn).first_audio_at = now
             self._state = SPEAKING
-        audio.feed(chunk.pcm)
+        self._queue.put(("pcm", turn, chunk.pcm.copy()))
 
     def _close_reply(self) -> None:
-        if self._open_reply is None or self._audio is None:
+        if self._open_reply is None:
             return
-        with contextlib.suppress(OmniError):
-            self._audio.end_reply()
+        self._queue.put(("end", self._open_reply, None))
         self._open_reply = None
+
+    def _player(self) -> None:
+        """Hands the replies' audio to the speaker. A thread of its own: while the speaker
+        holds a reply (a barge-in) its buffer may fill and ``feed`` wait, and the outputs
+        (among them the interruption that ends the wait) must go on being read meanwhile."""
+        audio = self._audio
+        assert audio is not None
+        begun: int | None = None
+        while (item := self._queue.get()) is not None:
+            kind, turn, value = item
+            try:
+                if turn in self._dropped:
+                    if kind == "end" and begun == turn:
+                        audio.end_reply()
+                        begun = None
+                    continue
+                if kind == "begin":
+                    assert isinstance(value, int)
+                    audio.begin_reply(str(turn), sample_rate=value)
+                    begun = turn
+                elif kind == "pcm":
+                    assert isinstance(value, np.ndarray)
+                    audio.feed(value)
+                elif kind == "end" and begun == turn:
+                    audio.end_reply()
+                    begun = None
+            except OmniError as exc:
+                if not self._stopping.is_set():
+                    self._fail(exc)
+                return
 
     def _collect(self, final: OmniRequestOutput) -> None:
         audio = self._audio

@@ -86,8 +86,9 @@ class TurnSettings:
     min_speech_s: float = 0.25
     #: Silence that ends a burst not yet confirmed (gaps shorter than this stay inside it).
     burst_gap_s: float = 0.2
-    #: Silence after which the speech so far is transcribed ahead of the turn's end.
-    speculate_s: float = 0.1
+    #: Silence after which the speech so far is transcribed ahead of the turn's end (the
+    #: first silent chunk: work for a pause the user speaks on after is thrown away).
+    speculate_s: float = 0.03
     #: Silence that ends a turn. Pauses inside a sentence (250 ms) stay well under it.
     end_of_turn_s: float = 0.45
     #: Audio kept before a turn's first voiced chunk and transcribed with it.

@@ -8,7 +8,7 @@ every 32 ms chunk is scored by the VAD stage on arrival and the
 :class:`~runtime.adapters.turns.TurnDetector` says what it means:
 
 - **Speech confirmed** (``min_speech_s`` voiced) starts a turn (``speech_started``).
-- **A pause** (``speculate_s`` of silence) starts work on the speech so far, ahead of the turn's
+- **A pause** (``speculate_s`` of silence: the first silent chunk) starts work on the speech so far, ahead of the turn's
   end: it is transcribed (``transcript_partial``), the reply generated, cut into clauses and
   spoken; everything it produces is held back. Speech resuming in the pause throws that work
   away (the language model's request is aborted in the engine, the voice stops between calls)
@@ -137,7 +137,7 @@ class VoiceChatOptions:
     #: A clause of at least this many characters is spoken on its own.
     clause_chars: int = 12
     #: The reply's first piece is its first words: the voice starts on them.
-    first_words: int = 3
+    first_words: int = 2
     #: User speech during a reply interrupts it (off: the reply plays to its end).
     barge_in: bool = True
 
@@ -696,11 +696,10 @@ class _Conversation:
             reply.stream = None
             if not speaker.done():
                 pieces.put_nowait(None)
-                if reply.stopped:
-                    await asyncio.gather(speaker, return_exceptions=True)
-                else:
+                if not reply.stopped:
                     speaker.cancel()
-                    await asyncio.gather(speaker, return_exceptions=True)
+            # Its outcome is the reply's (raised above) or moot once the reply stopped.
+            await asyncio.gather(speaker, return_exceptions=True)
 
     async def _speak(self, reply: _Reply, pieces: asyncio.Queue[str | None]) -> None:
         """Speak each piece in turn on the voice's stages, as it arrives."""
