@@ -584,11 +584,14 @@ class _Conversation:
         options = self.program.options
         messages = [ChatMessage("system", options.system_prompt)] if options.system_prompt else []
         for turn in self.turns[-options.max_history_turns :] if options.max_history_turns else []:
-            messages.append(ChatMessage("user", turn.user))
+            # The model sees what the user heard of its reply; an interrupted reply is marked
+            # in the turn (VoiceTurn.interrupted), not in the text, which a small model would
+            # take as a pattern to end its next replies with. Nothing heard: the user's turn
+            # stands alone.
             heard = turn.heard.strip()
-            if turn.interrupted:
-                heard = f"{heard}..." if heard else "..."
-            messages.append(ChatMessage("assistant", heard))
+            messages.append(ChatMessage("user", turn.user))
+            if heard:
+                messages.append(ChatMessage("assistant", heard))
         messages.append(ChatMessage("user", user))
         return messages
 
