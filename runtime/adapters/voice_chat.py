@@ -480,8 +480,13 @@ class _Conversation:
     def _start_reply(self, start: int, end: int, now: int) -> _Reply:
         """Work on the turn's speech ``start`` to ``end``, known at sample ``now``."""
         reply = _Reply(turn=self.turn, start=start, end=end)
-        until = min(now, end + round(_POST_ROLL_S * SAMPLE_RATE))
-        audio = self._audio(start - self.pre_roll, until).copy()
+        post_roll = end + round(_POST_ROLL_S * SAMPLE_RATE)
+        until = min(now, post_roll)
+        audio = self._audio(start - self.pre_roll, until)
+        # Work started at the first silent chunk has less silence after the speech than the
+        # recogniser is given at the turn's end: silence pads it to the same post-roll, so the
+        # early transcript is the one the turn's end would get.
+        audio = np.concatenate([audio, np.zeros(max(0, post_roll - until), np.float32)])
         reply.task = asyncio.ensure_future(self._work(reply, audio))
         return reply
 
