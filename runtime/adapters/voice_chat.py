@@ -150,6 +150,7 @@ class VoiceChatOptions:
                 message, file=file, line=line, key=f"adapter.options.{name}"
             )
 
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
         values: dict[str, Any] = {}
         prompt = options.get("system_prompt", DEFAULT_SYSTEM_PROMPT)
         if not isinstance(prompt, str):
@@ -162,7 +163,7 @@ class VoiceChatOptions:
             ("clause_chars", 0, 2000),
             ("first_words", 0, 50),
         ):
-            value = options.get(name, getattr(cls, name))
+            value = options.get(name, defaults[name])
             if type(value) is not int or not low <= value <= high:
                 raise fail(
                     name, f"{value!r} is not a count; accepted: an integer from {low} to {high}"

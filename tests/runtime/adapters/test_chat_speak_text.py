@@ -188,3 +188,36 @@ def test_bad_text_requests_say_what_is_accepted(request_input: object, message: 
 def test_unknown_sampling_options_are_named() -> None:
     with pytest.raises(UsageError, match="unknown sampling option 'beam_width'; accepted: max_"):
         sampling_with(SamplingSpec(), {"beam_width": 4}, where="stage-0")
+
+
+@pytest.mark.parametrize("step", [1, 4])
+def test_clauses_and_the_first_words_become_pieces_of_their_own(step: int) -> None:
+    # Fed as a model writes it: a few characters at a time.
+    text = (
+        "The capital of France is Paris, which is a city in Europe. It has a tower; people love it."
+    )
+    assert streamed(SentenceChunker(16, 120, clause_chars=12, first_words=2), text, step) == [
+        "The capital",
+        "of France is Paris,",
+        "which is a city in Europe.",
+        "It has a tower;",
+        "people love it.",
+    ]
+    # Without them, whole sentences.
+    assert streamed(SentenceChunker(16, 120), text, step) == [
+        "The capital of France is Paris, which is a city in Europe.",
+        "It has a tower; people love it.",
+    ]
+
+
+def test_the_first_words_wait_for_a_word_to_end_and_repeat_words_are_counted() -> None:
+    chunker = SentenceChunker(16, 120, first_words=3)
+    assert chunker.feed("the the the") == []  # the third word may still be growing
+    assert chunker.feed("se") == []
+    assert chunker.feed(" cat") == ["the the these"]
+    assert chunker.finish() == ["cat"]
+
+
+def test_a_clause_limit_over_the_piece_limit_is_refused() -> None:
+    with pytest.raises(ValueError, match="clause_chars"):
+        SentenceChunker(16, 120, clause_chars=121)

@@ -50,3 +50,15 @@ def test_pools_that_may_run_at_the_same_time_never_spin() -> None:
     assert not any(plan.allow_spinning for plan in plans.values())
     beside_a_language_model = plan_threads(load_pipeline(PIPELINES / "chat-speak.yaml"), 8)
     assert not any(plan.allow_spinning for plan in beside_a_language_model.values())
+
+
+def test_a_solo_stage_beside_a_language_model_gets_every_core() -> None:
+    config = load_pipeline(PIPELINES / "chat-speak.yaml")
+    acoustic, decoder = (stage.name for stage in config.stages[1:])
+    plans = plan_threads(config, 2, solo=[acoustic])
+    assert plans[acoustic].intra_op_threads == 2
+    assert not plans[acoustic].allow_spinning
+    assert "the other stages wait" in plans[acoustic].reason
+    # The others still share the cores with the language model.
+    assert plans[decoder].intra_op_threads == 1
+    assert plan_threads(config, 2)[acoustic].intra_op_threads == 1
