@@ -62,6 +62,7 @@ from runtime.audio.echo import (
     SpeexEchoCanceller,
     WebRtcEchoCanceller,
 )
+from runtime.audio.levels import sound_span
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -123,10 +124,8 @@ def speak(text: str) -> np.ndarray:
     config = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
     audio = np.concatenate([c.audio_float_array for c in piper.synthesize(text, config)])
     audio = soxr.resample(audio, piper.config.sample_rate, SAMPLE_RATE).astype(np.float32)
-    frames = audio[: audio.size // FRAME_SAMPLES * FRAME_SAMPLES].reshape(-1, FRAME_SAMPLES)
-    rms = np.sqrt(np.mean(frames.astype(np.float64) ** 2, axis=1))
-    loud = np.flatnonzero(rms > rms.max() * 0.01)
-    audio = audio[loud[0] * FRAME_SAMPLES : (loud[-1] + 1) * FRAME_SAMPLES]
+    start, end = sound_span(audio, FRAME_SAMPLES)
+    audio = audio[start:end]
     return (audio * (SPEECH_PEAK / np.abs(audio).max())).astype(np.float32)
 
 

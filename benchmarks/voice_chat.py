@@ -125,16 +125,25 @@ def speech_clips(texts: Sequence[str]) -> dict[str, np.ndarray]:
     import soxr
 
     from runtime.adapters.whisper_export import spoken_clips
+    from runtime.audio.levels import sound_span
 
     clips = {}
     for text, clip in zip(texts, spoken_clips(list(texts)), strict=True):
-        frame = 160
-        frames = clip[: clip.size // frame * frame].reshape(-1, frame).astype(np.float64)
-        rms = np.sqrt(np.mean(frames**2, axis=1))
-        loud = np.flatnonzero(rms > rms.max() * 0.01)
-        trimmed = clip[int(loud[0] * frame) : int((loud[-1] + 1) * frame)]
+        start, end = sound_span(clip, 160)
+        trimmed = clip[start:end]
         clips[text] = np.asarray(soxr.resample(trimmed, 16000, ROOM_RATE), dtype=np.float32)
     return clips
+
+
+@dataclass(frozen=True)
+class SpokenOver:
+    """One user utterance spoken over a reply: whether the reply was still sounding as it
+    began, seconds from its first sample to the speaker silent (None: it never fell silent),
+    and whether the conversation reported the reply interrupted."""
+
+    over_reply: bool
+    silent_after_s: float | None
+    interrupted: bool
 
 
 @dataclass
@@ -208,6 +217,27 @@ class TalkChild:
     def count(self, event: str, since: int = 0) -> int:
         return sum(1 for record in self.events[since:] if record.get("event") == event)
 
+    def check_running(self) -> None:
+        """Raise when the conversation has ended under the benchmark (with its last words)."""
+        if self.process is not None and self.process.poll() is not None:
+            raise RuntimeError(
+                f"omni-edge talk exited with {self.process.returncode}: {self.errors[-5:]}"
+            )
+
+    def wait_answered(self, since: int, timeout_s: float) -> bool:
+        """Until the last turn that ended after event ``since`` has its reply done."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.check_running()
+            events = self.events[since:]
+            ended = [e.get("turn") for e in events if e.get("event") == "turn_ended"]
+            if ended and any(
+                e.get("event") == "reply_done" and e.get("turn") == ended[-1] for e in events
+            ):
+                return True
+            time.sleep(0.05)
+        return False
+
     def stop(self) -> int | None:
         """Ctrl+C, as a user ends it; the exit code (None when it had to be killed). What the
         child left (processes of its tree still running, its shared memory) goes to
@@ -279,6 +309,7 @@ class Conversation:
         """Until the speaker was silent for ``hold_s``."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            self.child.check_running()
             now = self.room.recorded_until
             if now is None:
                 time.sleep(0.1)
@@ -306,23 +337,37 @@ class Conversation:
             time.sleep(0.02)
         return None
 
-    def speak_over(self, clip: np.ndarray, timeout_s: float = 10.0) -> float | None:
-        """Speak ``clip`` now (over a reply); seconds from its first sample to the speaker
-        silent, or None when it did not fall silent."""
+    def speak_over(self, clip: np.ndarray, timeout_s: float = 10.0) -> SpokenOver:
+        """Speak ``clip`` now (over a reply) and wait until the conversation has answered it
+        (its reply done, or 20 s), so the next trial starts on a quiet, settled conversation."""
         period = self.room.period
+        since = len(self.child.events)
         spoken = self.room.say(clip)
         spoken.wait_started(timeout_s)
         start = spoken.start_frame
         assert start is not None
+        # Was the reply still sounding as the user began (else this is no speech over it)?
+        while (self.room.recorded_until or 0) < start + period:
+            time.sleep(0.01)
+        before = self.room.recording(start + period - ROOM_RATE // 10, start + period)
+        over = bool(before.size) and float(np.sqrt(np.mean(before.astype(np.float64) ** 2))) > 0.01
+        silent_s: float | None = None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             silent = self.room.silent_after(
                 start + period, threshold_dbfs=SILENT_DBFS, hold_s=SILENT_HOLD_S
             )
             if silent is not None:
-                return (silent - period - start) / ROOM_RATE
+                silent_s = (silent - period - start) / ROOM_RATE
+                break
             time.sleep(0.02)
-        return None
+        spoken.wait_done(timeout_s)
+        self.child.wait_answered(since, timeout_s=20.0)
+        return SpokenOver(
+            over_reply=over,
+            silent_after_s=silent_s,
+            interrupted=self.child.count("interrupted", since) > 0,
+        )
 
     def reply_playing(self, timeout_s: float = 20.0) -> bool:
         """Wait until the speaker has been sounding for a second (a reply to speak over)."""
@@ -370,18 +415,25 @@ def headphones(
             if latency is not None:
                 latencies.append(latency)
                 say(f"turn {index + 1}: {latency * 1000:.0f} ms")
-        interrupted_before = talk.child.count("interrupted")
-        for index in range(turns):
+        interrupted = void = 0
+        for index in range(3 * turns):
+            if len(barges) == turns:
+                break
             talk.wait_quiet()
             talk.ask(clips[LONG_QUESTIONS[index % len(LONG_QUESTIONS)]])
             if not talk.reply_playing():
+                void += 1
                 continue
-            silent = talk.speak_over(clips[INTERRUPTIONS[index % len(INTERRUPTIONS)]])
-            if silent is not None:
-                barges.append(silent)
-                say(f"barge-in {index + 1}: silent after {silent * 1000:.0f} ms")
+            trial = talk.speak_over(clips[INTERRUPTIONS[index % len(INTERRUPTIONS)]])
+            if not trial.over_reply:
+                # The reply ended before the user spoke: no barge-in to time.
+                void += 1
+                continue
+            interrupted += trial.interrupted
+            if trial.silent_after_s is not None:
+                barges.append(trial.silent_after_s)
+                say(f"barge-in {len(barges)}: silent after {trial.silent_after_s * 1000:.0f} ms")
         talk.wait_quiet(timeout_s=30.0)
-        interrupted = talk.child.count("interrupted") - interrupted_before
     summary = talk.child.summary or {}
     parts: dict[str, Detail] = {}
     timings = [t for t in summary.get("turns", []) if isinstance(t, dict)]
@@ -417,6 +469,7 @@ def headphones(
                 "p90_ms": round(_p(barges, 90) * 1000, 1),
                 "each_ms": [round(v * 1000) for v in barges],
                 "interrupted_events": interrupted,
+                "replies_over_before_spoken_over": void,
                 "left_behind": left,
             },
             note=""
@@ -438,22 +491,28 @@ def speakers(
         before = talk.child.count("barge_in")
         for index in range(replies):
             talk.wait_quiet()
+            since = len(talk.child.events)
             talk.ask(clips[QUESTIONS[index % len(QUESTIONS)]])
+            talk.child.wait_answered(since, timeout_s=20.0)
             talk.wait_quiet()
         false_with = talk.child.count("barge_in") - before
         say(f"echo cancelled: {false_with} false barge-ins in {replies} replies")
-        for index in range(replies):
+        void = 0
+        for index in range(3 * replies):
+            if spoken_over == replies:
+                break
             talk.wait_quiet()
-            interrupted = talk.child.count("interrupted")
             talk.ask(clips[LONG_QUESTIONS[index % len(LONG_QUESTIONS)]])
             if not talk.reply_playing():
+                void += 1
+                continue
+            trial = talk.speak_over(clips[INTERRUPTIONS[index % len(INTERRUPTIONS)]])
+            if not trial.over_reply:
+                void += 1
                 continue
             spoken_over += 1
-            talk.speak_over(clips[INTERRUPTIONS[index % len(INTERRUPTIONS)]])
-            time.sleep(1.0)
-            if talk.child.count("interrupted") == interrupted:
-                missed += 1
-        say(f"speech over the echo: {missed} of {spoken_over} missed")
+            missed += not trial.interrupted
+        say(f"speech over the echo: {missed} of {spoken_over} missed ({void} replies over first)")
     baseline_replies = options.count(5, 2)
     with conversation(env, echo="off", room_echo=True) as talk:
         before = talk.child.count("barge_in")
@@ -473,7 +532,13 @@ def speakers(
             if false_without
             else "the baseline showed no false barge-in: the echo path proves nothing",
         ),
-        ECHO_MISSED.measured(float(missed), None, "", {"spoken_over": spoken_over}),
+        ECHO_MISSED.measured(
+            float(missed),
+            None,
+            "",
+            {"spoken_over": spoken_over, "replies_over_before_spoken_over": void},
+            note="" if spoken_over == replies else f"only {spoken_over} of {replies} spoken over",
+        ),
     ]
 
 

@@ -134,6 +134,10 @@ class VoiceConversation:
         self._lock = threading.Lock()
         self._state = LISTENING
         self._reply_turn: int | None = None
+        #: The latest reply the speaker has begun (set by the player thread): the capture
+        #: thread reports its playback. It lags ``_reply_turn`` while the player thread waits
+        #: (a held reply's full buffer), and a reply not begun yet has nothing played.
+        self._begun_turn: int | None = None
         self._open_reply: int | None = None
         #: The speaker's work, in order, for the player's thread: begin, audio, end of a reply.
         self._queue: queue.Queue[tuple[str, int, int | np.ndarray | None] | None] = queue.Queue()
@@ -255,7 +259,7 @@ class VoiceConversation:
                     if audio.ended:
                         break
                     continue
-                turn = self._reply_turn
+                turn = self._begun_turn
                 played = 0
                 if turn is not None:
                     playback = audio.reply(str(turn))
@@ -386,7 +390,7 @@ class VoiceConversation:
                 if kind == "begin":
                     assert isinstance(value, int)
                     audio.begin_reply(str(turn), sample_rate=value)
-                    begun = turn
+                    begun = self._begun_turn = turn
                 elif kind == "pcm":
                     assert isinstance(value, np.ndarray)
                     audio.feed(value)

@@ -4,8 +4,10 @@
 32 ms chunk in order and returns frozen events, all timed in samples of the input stream:
 
 :class:`VoiceOnset`
-    The first voiced chunk of a burst (probability at or above ``threshold``). Nothing is
-    known yet: it may be a cough. A reply being spoken fades out here and holds.
+    A burst (chunks at or above ``threshold``) has been voiced for ``onset_s`` (by default
+    two chunks: a lone voiced chunk, a click or a trace of the reply's echo, is not a
+    burst yet); ``sample`` is where its first voiced chunk began. Nothing more is known: it
+    may be a cough. A reply being spoken fades out here and holds.
 :class:`BurstRejected`
     The burst fell silent (``burst_gap_s``) before its voiced span reached ``min_speech_s``:
     a cough, a click, a short "mm". A held reply resumes; a pause it fell into goes on as if
@@ -30,10 +32,10 @@ burst still undecided holds the decision: a turn never ends while it might go on
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+from runtime.adapters.speech_options import check_settings, read_options, release_threshold
 from runtime.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -55,14 +57,22 @@ __all__ = [
 TURN_OPTION_NAMES: Final = (
     "threshold",
     "neg_threshold",
+    "onset_s",
     "min_speech_s",
     "burst_gap_s",
     "speculate_s",
     "end_of_turn_s",
     "pre_roll_s",
 )
-#: The release threshold sits this far under the threshold unless given (Silero's own rule).
-RELEASE_GAP: Final = 0.15
+#: The options that are durations, in seconds.
+_DURATIONS: Final = (
+    "onset_s",
+    "min_speech_s",
+    "burst_gap_s",
+    "speculate_s",
+    "end_of_turn_s",
+    "pre_roll_s",
+)
 #: Longest duration option accepted, in seconds.
 MAX_DURATION_S: Final = 10.0
 
@@ -71,16 +81,16 @@ class TurnOptionsError(ConfigError):
     """A turn-taking option is not usable."""
 
 
-def _is_number(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-
-
 @dataclass(frozen=True, slots=True)
 class TurnSettings:
     """When the user speaks, pauses, and has finished (see the module)."""
 
     threshold: float = 0.5
     neg_threshold: float | None = None
+    #: Voiced time a burst needs before it is reported (:class:`VoiceOnset`, where a reply
+    #: being spoken fades out): a single voiced chunk is not enough. A burst confirmed as
+    #: speech sooner (``min_speech_s`` shorter) is reported as it is confirmed.
+    onset_s: float = 0.06
     #: Voiced span a burst needs to count as speech: shorter sounds never start a turn or
     #: interrupt a reply.
     min_speech_s: float = 0.25
@@ -95,22 +105,7 @@ class TurnSettings:
     pre_roll_s: float = 0.3
 
     def __post_init__(self) -> None:
-        for name in ("threshold", "neg_threshold"):
-            value = getattr(self, name)
-            if value is None and name == "neg_threshold":
-                continue
-            if not _is_number(value) or not 0.0 < value < 1.0:
-                raise ValueError(f"{name} must be a probability between 0 and 1; got {value!r}")
-        for name in ("min_speech_s", "burst_gap_s", "speculate_s", "end_of_turn_s", "pre_roll_s"):
-            value = getattr(self, name)
-            if not _is_number(value) or not 0.0 <= value <= MAX_DURATION_S:
-                raise ValueError(
-                    f"{name} must be seconds from 0 to {MAX_DURATION_S:g}; got {value!r}"
-                )
-        if self.neg_threshold is not None and self.neg_threshold > self.threshold:
-            raise ValueError(
-                f"neg_threshold ({self.neg_threshold}) must be at most threshold ({self.threshold})"
-            )
+        check_settings(self, _DURATIONS, MAX_DURATION_S)
         if self.speculate_s > self.end_of_turn_s:
             raise ValueError(
                 f"speculate_s ({self.speculate_s}) must be at most end_of_turn_s "
@@ -120,9 +115,7 @@ class TurnSettings:
     @property
     def release(self) -> float:
         """The probability under which a chunk counts as silence."""
-        if self.neg_threshold is not None:
-            return self.neg_threshold
-        return max(0.01, self.threshold - RELEASE_GAP)
+        return release_threshold(self.threshold, self.neg_threshold)
 
     @classmethod
     def parse(
@@ -139,27 +132,7 @@ class TurnSettings:
         def fail(name: str, message: str) -> TurnOptionsError:
             return TurnOptionsError(message, file=file, line=line, key=f"{prefix}{name}")
 
-        values: dict[str, float] = {}
-        for name in ("threshold", "neg_threshold"):
-            if name in options:
-                value = options[name]
-                if not _is_number(value) or not 0.0 < float(value) < 1.0:
-                    raise fail(
-                        name,
-                        f"{value!r} is not a speech probability; accepted: a number between 0 "
-                        "and 1 (exclusive), e.g. 0.5",
-                    )
-                values[name] = float(value)
-        for name in ("min_speech_s", "burst_gap_s", "speculate_s", "end_of_turn_s", "pre_roll_s"):
-            if name in options:
-                value = options[name]
-                if not _is_number(value) or not 0.0 <= float(value) <= MAX_DURATION_S:
-                    raise fail(
-                        name,
-                        f"{value!r} is not a duration; accepted: seconds from 0 to "
-                        f"{MAX_DURATION_S:g}",
-                    )
-                values[name] = float(value)
+        values = read_options(options, _DURATIONS, MAX_DURATION_S, fail)
         try:
             return cls(**values)
         except ValueError as exc:
@@ -170,7 +143,7 @@ class TurnSettings:
 
 @dataclass(frozen=True, slots=True)
 class VoiceOnset:
-    """The first voiced chunk of a burst begins at ``sample``."""
+    """A burst was voiced for ``onset_s``; its first voiced chunk begins at ``sample``."""
 
     sample: int
 
@@ -226,11 +199,15 @@ class TurnDetector:
         self._min_speech = round(s.min_speech_s * sample_rate)
         self._burst_gap = round(s.burst_gap_s * sample_rate)
         self._speculate = round(s.speculate_s * sample_rate)
+        self._onset = round(s.onset_s * sample_rate)
         self._end_of_turn = round(s.end_of_turn_s * sample_rate)
         self._position = 0
         #: The open burst: where its first voiced chunk began, and its last voiced chunk's end.
         self._burst: int | None = None
         self._burst_end = 0
+        #: Voiced samples in the open burst, and whether its onset was reported.
+        self._burst_voiced = 0
+        self._announced = False
         #: The turn: where it began, and where its confirmed speech last ended.
         self._turn: int | None = None
         self._speech_end = 0
@@ -278,7 +255,14 @@ class TurnDetector:
             else:
                 if self._burst is None:
                     self._burst = begin
-                    events.append(VoiceOnset(begin))
+                    self._burst_voiced = 0
+                    self._announced = False
+                self._burst_voiced += samples
+                if not self._announced and (
+                    self._burst_voiced >= self._onset or end - self._burst >= self._min_speech
+                ):
+                    self._announced = True
+                    events.append(VoiceOnset(self._burst))
                 self._burst_end = end
                 if end - self._burst >= self._min_speech:
                     events.append(self._confirm(end))

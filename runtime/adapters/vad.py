@@ -30,7 +30,6 @@ Times are seconds of audio from the stream's start, at chunk boundaries (32 ms r
 from __future__ import annotations
 
 import asyncio
-import math
 import statistics
 import time
 from collections import deque
@@ -40,6 +39,12 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from runtime.adapters.speech_options import (
+    PROBABILITIES,
+    check_settings,
+    read_options,
+    release_threshold,
+)
 from runtime.adapters.vad_bundle import (
     CHUNK_SAMPLES,
     CONTEXT_SAMPLES,
@@ -70,11 +75,10 @@ __all__ = [
 ]
 
 CHUNK_S: Final = CHUNK_SAMPLES / SAMPLE_RATE
-OPTION_NAMES: Final = ("threshold", "neg_threshold", "min_speech_s", "min_silence_s", "pre_roll_s")
+_DURATIONS: Final = ("min_speech_s", "min_silence_s", "pre_roll_s")
+OPTION_NAMES: Final = (*PROBABILITIES, *_DURATIONS)
 #: The speech probability at or above which a chunk is voiced, unless given.
 DEFAULT_THRESHOLD: Final = 0.5
-#: The release threshold sits this far under the threshold unless given (Silero's own rule).
-RELEASE_GAP: Final = 0.15
 #: Longest wait for a live source's next chunk before the request looks whether it was
 #: cancelled (sources with ``read(timeout)``).
 LIVE_WAIT_S: Final = 0.1
@@ -107,29 +111,12 @@ class VadSettings:
     pre_roll_s: float = 0.3
 
     def __post_init__(self) -> None:
-        for name in ("threshold", "neg_threshold"):
-            value = getattr(self, name)
-            if value is None and name == "neg_threshold":
-                continue
-            if not _is_number(value) or not 0.0 < value < 1.0:
-                raise ValueError(f"{name} must be a probability between 0 and 1; got {value!r}")
-        for name in ("min_speech_s", "min_silence_s", "pre_roll_s"):
-            value = getattr(self, name)
-            if not _is_number(value) or not 0.0 <= value <= MAX_DURATION_S:
-                raise ValueError(
-                    f"{name} must be seconds from 0 to {MAX_DURATION_S:g}; got {value!r}"
-                )
-        if self.neg_threshold is not None and self.neg_threshold > self.threshold:
-            raise ValueError(
-                f"neg_threshold ({self.neg_threshold}) must be at most threshold ({self.threshold})"
-            )
+        check_settings(self, _DURATIONS, MAX_DURATION_S)
 
     @property
     def release(self) -> float:
         """The probability under which a chunk counts as silence."""
-        if self.neg_threshold is not None:
-            return self.neg_threshold
-        return max(0.01, self.threshold - RELEASE_GAP)
+        return release_threshold(self.threshold, self.neg_threshold)
 
     @classmethod
     def parse(
@@ -147,27 +134,7 @@ class VadSettings:
                 f"unknown voice activity option {unknown[0]!r}; accepted: "
                 f"{', '.join(OPTION_NAMES)}",
             )
-        values: dict[str, float] = {}
-        for name in ("threshold", "neg_threshold"):
-            if name in options:
-                value = options[name]
-                if not _is_number(value) or not 0.0 < value < 1.0:
-                    raise fail(
-                        name,
-                        f"{value!r} is not a speech probability; accepted: a number between 0 "
-                        "and 1 (exclusive), e.g. 0.5",
-                    )
-                values[name] = float(value)
-        for name in ("min_speech_s", "min_silence_s", "pre_roll_s"):
-            if name in options:
-                value = options[name]
-                if not _is_number(value) or not 0.0 <= value <= MAX_DURATION_S:
-                    raise fail(
-                        name,
-                        f"{value!r} is not a duration; accepted: seconds from 0 to "
-                        f"{MAX_DURATION_S:g}",
-                    )
-                values[name] = float(value)
+        values = read_options(options, _DURATIONS, MAX_DURATION_S, fail)
         threshold = values.get("threshold", DEFAULT_THRESHOLD)
         negative = values.get("neg_threshold")
         if negative is not None and negative > threshold:
@@ -177,10 +144,6 @@ class VadSettings:
                 "the threshold",
             )
         return cls(**values)
-
-
-def _is_number(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
 @dataclass(frozen=True, slots=True)

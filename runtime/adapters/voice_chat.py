@@ -85,14 +85,20 @@ from runtime.outputs import AudioChunk
 from runtime.pipeline_input import AUDIO_INPUT
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Mapping
+    from collections.abc import AsyncIterator, Mapping, Sequence
 
     from runtime.adapters.tts_text import SpeechPlan
     from runtime.config import PipelineConfig
     from runtime.engine.inputs import InputStream
     from runtime.engine.program import Emitted, RequestContext, TextStream
 
-__all__ = ["VOICE_OPTION_NAMES", "VoiceChatOptions", "VoiceChatOptionsError", "VoiceChatProgram"]
+__all__ = [
+    "VOICE_OPTION_NAMES",
+    "VoiceChatOptions",
+    "VoiceChatOptionsError",
+    "VoiceChatProgram",
+    "prompt_messages",
+]
 
 VAD_STAGE: Final = 0
 RECOGNISER_STAGE: Final = 1
@@ -587,19 +593,7 @@ class _Conversation:
         )
 
     def _messages(self, user: str) -> list[ChatMessage]:
-        options = self.program.options
-        messages = [ChatMessage("system", options.system_prompt)] if options.system_prompt else []
-        for turn in self.turns[-options.max_history_turns :] if options.max_history_turns else []:
-            # The model sees what the user heard of its reply; an interrupted reply is marked
-            # in the turn (VoiceTurn.interrupted), not in the text, which a small model would
-            # take as a pattern to end its next replies with. Nothing heard: the user's turn
-            # stands alone.
-            heard = turn.heard.strip()
-            messages.append(ChatMessage("user", turn.user))
-            if heard:
-                messages.append(ChatMessage("assistant", heard))
-        messages.append(ChatMessage("user", user))
-        return messages
+        return prompt_messages(self.turns, self.program.options, user)
 
     # ----------------------------------------------------------------- one reply
 
@@ -744,6 +738,30 @@ class _Conversation:
             reply.pieces.append(piece)
             current[:] = [piece]
             await speech.run(voice, plan)
+
+
+def prompt_messages(
+    turns: Sequence[VoiceTurn], options: VoiceChatOptions, user: str
+) -> list[ChatMessage]:
+    """The model's messages for the user's next turn ``user``: the system prompt, then the
+    last ``options.max_history_turns`` exchanges of ``turns``."""
+    messages = [ChatMessage("system", options.system_prompt)] if options.system_prompt else []
+    recent = turns[-options.max_history_turns :] if options.max_history_turns else []
+    for index, turn in enumerate(recent):
+        # The model sees what the user heard of its reply; an interrupted reply is marked in
+        # the turn (VoiceTurn.interrupted), not in the text, which a small model would take as
+        # a pattern to end its next replies with. Likewise the fragments of earlier
+        # interrupted replies: a run of them teaches a small model to answer in one or two
+        # words, so only the last exchange keeps its fragment (what the user just cut short).
+        # Nothing heard: the user's turn stands alone.
+        heard = turn.heard.strip()
+        if turn.interrupted and index < len(recent) - 1:
+            heard = ""
+        messages.append(ChatMessage("user", turn.user))
+        if heard:
+            messages.append(ChatMessage("assistant", heard))
+    messages.append(ChatMessage("user", user))
+    return messages
 
 
 def _heard_text(reply: _Reply, played: int) -> str:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from runtime.errors import ExecutionError, UsageError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from types import ModuleType
 
 __all__ = [
@@ -95,6 +96,8 @@ class InputDevice:
 
 
 class _StreamOwner(Protocol):
+    stream: Any | None
+
     def close(self, grace_s: float) -> None: ...
 
 
@@ -145,6 +148,41 @@ def _stream_opened(owner: _StreamOwner) -> None:
 def _stream_closed(owner: _StreamOwner) -> None:
     with _lifecycle:
         _open_owners.discard(owner)
+
+
+def _first_rate(sd: Any, candidates: list[int], check: Callable[[int], None], refusal: str) -> int:
+    """The first of ``candidates`` (duplicates dropped) that ``check`` accepts (it raises
+    PortAudio's error otherwise); none: an AudioDeviceError, ``refusal`` followed by the
+    rates tried."""
+    tried = list(dict.fromkeys(candidates))
+    for rate in tried:
+        try:
+            check(rate)
+        except sd.PortAudioError:
+            continue
+        return rate
+    raise AudioDeviceError(refusal.format(rates=f"{tried} Hz"))
+
+
+def _start_stream(
+    sd: Any, owner: _StreamOwner, open_stream: Callable[[], Any], *, opening: str, starting: str
+) -> Any:
+    """Open a PortAudio stream with ``open_stream``, give it to ``owner``, register the owner
+    for the exit hook and start the stream. A failure raises an AudioDeviceError ("could not
+    open ``opening``", "could not start ``starting``"); a stream that opened but did not start
+    is closed through its owner."""
+    try:
+        stream = open_stream()
+    except sd.PortAudioError as error:
+        raise AudioDeviceError(f"could not open {opening}: {error}") from error
+    owner.stream = stream
+    _stream_opened(owner)
+    try:
+        stream.start()
+    except sd.PortAudioError as error:
+        owner.close(0.0)
+        raise AudioDeviceError(f"could not start {starting}: {error}") from error
+    return stream
 
 
 def rescan_output_devices() -> list[OutputDevice]:

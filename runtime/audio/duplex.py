@@ -36,7 +36,8 @@ from runtime.audio.devices import (
     AudioDeviceError,
     InputDevice,
     OutputDevice,
-    _stream_opened,
+    _first_rate,
+    _start_stream,
     resolve_input_device,
     resolve_output_device,
     sounddevice_module,
@@ -274,8 +275,11 @@ class DuplexAudio:
                 sd=sd,
             )
             devices = f"input {input_device.describe()} and output {output_device.describe()}"
-            try:
-                stream = sd.Stream(
+            self._holder.duplex = duplex
+            stream = _start_stream(
+                sd,
+                self._holder,
+                lambda: sd.Stream(
                     samplerate=rate,
                     blocksize=block,
                     device=(input_device.index, output_device.index),
@@ -284,22 +288,11 @@ class DuplexAudio:
                     latency=self._latency,
                     callback=duplex.callback,
                     finished_callback=duplex.on_finished,
-                )
-            except sd.PortAudioError as error:
-                raise AudioDeviceError(
-                    f"could not open a duplex stream on {devices} at {rate} Hz "
-                    f"({self._input_channels} ch in, {out_channels} ch out): {error}"
-                ) from error
-            self._holder.stream = stream
-            self._holder.duplex = duplex
-            _stream_opened(self._holder)
-            try:
-                stream.start()
-            except sd.PortAudioError as error:
-                self._holder.close(0.0)
-                raise AudioDeviceError(
-                    f"could not start the duplex stream on {devices}: {error}"
-                ) from error
+                ),
+                opening=f"a duplex stream on {devices} at {rate} Hz "
+                f"({self._input_channels} ch in, {out_channels} ch out)",
+                starting=f"the duplex stream on {devices}",
+            )
             self._input = input_device
             self._output = output_device
             self._device_rate = rate
@@ -327,27 +320,25 @@ class DuplexAudio:
                     ]
                 )
             )
-        for rate in candidates:
-            try:
-                sd.check_input_settings(
-                    device=input_device.index,
-                    channels=self._input_channels,
-                    dtype="float32",
-                    samplerate=rate,
-                )
-                sd.check_output_settings(
-                    device=output_device.index,
-                    channels=out_channels,
-                    dtype="float32",
-                    samplerate=rate,
-                )
-            except sd.PortAudioError:
-                continue
-            return rate
-        raise AudioDeviceError(
+
+        def check(rate: int) -> None:
+            sd.check_input_settings(
+                device=input_device.index,
+                channels=self._input_channels,
+                dtype="float32",
+                samplerate=rate,
+            )
+            sd.check_output_settings(
+                device=output_device.index, channels=out_channels, dtype="float32", samplerate=rate
+            )
+
+        return _first_rate(
+            sd,
+            candidates,
+            check,
             f"audio input {input_device.describe()} and output {output_device.describe()} "
-            f"accept none of the sample rates {candidates} Hz together "
-            f"({self._input_channels} ch in, {out_channels} ch out)"
+            f"accept none of the sample rates {{rates}} together "
+            f"({self._input_channels} ch in, {out_channels} ch out)",
         )
 
     def close(self) -> None:

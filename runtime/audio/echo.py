@@ -147,13 +147,8 @@ def _check_block(name: str, block: np.ndarray) -> None:
         )
 
 
-class NoEchoCanceller:
-    """The pass-through (headphones: nothing played reaches the microphone)."""
-
-    kind: Final = "off"
-
-    def __init__(self, *, sample_rate: int = SAMPLE_RATE) -> None:
-        _check_rate(sample_rate)
+class _Frames16k:
+    """What every canceller here shares: 16 kHz, frames of FRAME_SAMPLES, both checked."""
 
     @property
     def sample_rate(self) -> int:
@@ -163,9 +158,22 @@ class NoEchoCanceller:
     def frame_samples(self) -> int:
         return FRAME_SAMPLES
 
-    def process(self, near: np.ndarray, far: np.ndarray) -> np.ndarray:
+    @staticmethod
+    def _check_frames(near: np.ndarray, far: np.ndarray) -> None:
         _check_frame("near", near, FRAME_SAMPLES)
         _check_frame("far", far, FRAME_SAMPLES)
+
+
+class NoEchoCanceller(_Frames16k):
+    """The pass-through (headphones: nothing played reaches the microphone)."""
+
+    kind: Final = "off"
+
+    def __init__(self, *, sample_rate: int = SAMPLE_RATE) -> None:
+        _check_rate(sample_rate)
+
+    def process(self, near: np.ndarray, far: np.ndarray) -> np.ndarray:
+        self._check_frames(near, far)
         return near.copy()
 
     def reset(self) -> None:
@@ -178,7 +186,7 @@ class NoEchoCanceller:
 # -- WebRTC AEC3 (pywebrtc-audio) ---------------------------------------------------------------
 
 
-class WebRtcEchoCanceller:
+class WebRtcEchoCanceller(_Frames16k):
     """WebRTC's AEC3 through ``pywebrtc-audio``: a delay estimator, an adaptive filter and a
     residual-echo suppressor, after a high-pass filter. It finds the echo's delay itself
     (``tail_s`` is not needed); ``stream_delay_ms`` may hint it."""
@@ -204,17 +212,8 @@ class WebRtcEchoCanceller:
             sample_rate=SAMPLE_RATE, num_channels=1, stream_delay_ms=self.stream_delay_ms
         )
 
-    @property
-    def sample_rate(self) -> int:
-        return SAMPLE_RATE
-
-    @property
-    def frame_samples(self) -> int:
-        return FRAME_SAMPLES
-
     def process(self, near: np.ndarray, far: np.ndarray) -> np.ndarray:
-        _check_frame("near", near, FRAME_SAMPLES)
-        _check_frame("far", far, FRAME_SAMPLES)
+        self._check_frames(near, far)
         if self._aec is None:
             raise UsageError("the webrtc echo canceller is closed")
         return np.asarray(self._aec.process(near, far), dtype=np.float32)
@@ -286,7 +285,7 @@ def _speex_free(lib: _SpeexLibrary, echo: int | None, pre: int | None) -> None:
         lib.echo_destroy(echo)
 
 
-class SpeexEchoCanceller:
+class SpeexEchoCanceller(_Frames16k):
     """SpeexDSP's MDF echo canceller with its preprocessor's residual-echo suppression.
 
     ``tail_s``: the longest echo path to cover (delay plus reverberation); the filter is that
@@ -336,17 +335,8 @@ class SpeexEchoCanceller:
             lib.pre_ctl(pre, _SPEEX_PREPROCESS_SET_ECHO_STATE, ctypes.c_void_p(echo))
         self._finalizer = weakref.finalize(self, _speex_free, lib, self._echo, self._pre)
 
-    @property
-    def sample_rate(self) -> int:
-        return SAMPLE_RATE
-
-    @property
-    def frame_samples(self) -> int:
-        return FRAME_SAMPLES
-
     def process(self, near: np.ndarray, far: np.ndarray) -> np.ndarray:
-        _check_frame("near", near, FRAME_SAMPLES)
-        _check_frame("far", far, FRAME_SAMPLES)
+        self._check_frames(near, far)
         if self._echo is None:
             raise UsageError("the speex echo canceller is closed")
         near16, far16, out16 = self._buffers

@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 import numpy as np
 
 from runtime.audio.devices import (
-    AudioDeviceError,
     InputDevice,
+    _first_rate,
+    _start_stream,
     _stream_closed,
-    _stream_opened,
     resolve_input_device,
     sounddevice_module,
 )
@@ -288,8 +288,11 @@ class AudioInput:
             block = self._block_request or max(16, round(rate * 0.032))
             capacity = max(4, math.ceil(self._queue_s * rate / block))
             capture = _Capture(capacity, level_blocks=max(4, math.ceil(rate / block)), sd=sd)
-            try:
-                stream = sd.InputStream(
+            self._holder.capture = capture
+            stream = _start_stream(
+                sd,
+                self._holder,
+                lambda: sd.InputStream(
                     samplerate=rate,
                     blocksize=block,
                     device=device.index,
@@ -298,22 +301,10 @@ class AudioInput:
                     latency=self._latency,
                     callback=capture.callback,
                     finished_callback=capture.on_finished,
-                )
-            except sd.PortAudioError as error:
-                raise AudioDeviceError(
-                    f"could not open audio input {device.describe()} at {rate} Hz, "
-                    f"{self._channels} ch: {error}"
-                ) from error
-            self._holder.stream = stream
-            self._holder.capture = capture
-            _stream_opened(self._holder)
-            try:
-                stream.start()
-            except sd.PortAudioError as error:
-                self._holder.close(0.0)
-                raise AudioDeviceError(
-                    f"could not start audio input {device.describe()}: {error}"
-                ) from error
+                ),
+                opening=f"audio input {device.describe()} at {rate} Hz, {self._channels} ch",
+                starting=f"audio input {device.describe()}",
+            )
             self._device = device
             self._device_rate = rate
             self._block_frames = block
@@ -326,17 +317,14 @@ class AudioInput:
             candidates = [self._requested_rate]
         else:
             candidates = [device.default_sample_rate, self._sample_rate]
-        for rate in dict.fromkeys(candidates):
-            try:
-                sd.check_input_settings(
-                    device=device.index, channels=self._channels, dtype="float32", samplerate=rate
-                )
-            except sd.PortAudioError:
-                continue
-            return rate
-        raise AudioDeviceError(
-            f"audio input {device.describe()} accepts none of the sample rates {candidates} Hz "
-            f"with {self._channels} ch"
+        return _first_rate(
+            sd,
+            candidates,
+            lambda rate: sd.check_input_settings(
+                device=device.index, channels=self._channels, dtype="float32", samplerate=rate
+            ),
+            f"audio input {device.describe()} accepts none of the sample rates {{rates}} "
+            f"with {self._channels} ch",
         )
 
     def close(self) -> None:

@@ -33,8 +33,9 @@ import numpy as np
 from runtime.audio.devices import (
     AudioDeviceError,
     OutputDevice,
+    _first_rate,
+    _start_stream,
     _stream_closed,
-    _stream_opened,
     resolve_output_device,
     sounddevice_module,
 )
@@ -360,8 +361,11 @@ class AudioPlayer:
                 max_cushion=max(1, round(self._max_cushion_s * rate)),
                 sd=sd,
             )
-            try:
-                stream = sd.OutputStream(
+            self._holder.playback = playback
+            stream = _start_stream(
+                sd,
+                self._holder,
+                lambda: sd.OutputStream(
                     samplerate=rate,
                     blocksize=self._block_frames,
                     device=device.index,
@@ -370,22 +374,10 @@ class AudioPlayer:
                     latency=self._latency,
                     callback=playback.callback,
                     finished_callback=playback.on_finished,
-                )
-            except sd.PortAudioError as error:
-                raise AudioDeviceError(
-                    f"could not open audio output {device.describe()} at {rate} Hz, "
-                    f"{channels} ch: {error}"
-                ) from error
-            self._holder.stream = stream
-            self._holder.playback = playback
-            _stream_opened(self._holder)
-            try:
-                stream.start()
-            except sd.PortAudioError as error:
-                self._holder.close(0.0)
-                raise AudioDeviceError(
-                    f"could not start audio output {device.describe()}: {error}"
-                ) from error
+                ),
+                opening=f"audio output {device.describe()} at {rate} Hz, {channels} ch",
+                starting=f"audio output {device.describe()}",
+            )
             self._device = device
             self._device_rate = rate
             self._channels = channels
@@ -398,17 +390,14 @@ class AudioPlayer:
             candidates = [self._requested_rate]
         else:
             candidates = [self._input_rate, device.default_sample_rate]
-        for rate in candidates:
-            try:
-                sd.check_output_settings(
-                    device=device.index, channels=channels, dtype="float32", samplerate=rate
-                )
-            except sd.PortAudioError:
-                continue
-            return rate
-        raise AudioDeviceError(
-            f"audio output {device.describe()} accepts none of the sample rates "
-            f"{candidates} Hz with {channels} ch"
+        return _first_rate(
+            sd,
+            candidates,
+            lambda rate: sd.check_output_settings(
+                device=device.index, channels=channels, dtype="float32", samplerate=rate
+            ),
+            f"audio output {device.describe()} accepts none of the sample rates {{rates}} "
+            f"with {channels} ch",
         )
 
     def pause(self) -> None:

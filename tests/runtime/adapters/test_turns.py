@@ -23,6 +23,7 @@ from runtime.adapters.turns import (
 )
 from runtime.adapters.vad import VadStream
 from runtime.adapters.vad_bundle import find_vad_model
+from runtime.audio.levels import sound_span
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -163,11 +164,8 @@ def speech(voice: PiperVoice, text: str) -> np.ndarray:
     config = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
     audio = np.concatenate([chunk.audio_float_array for chunk in voice.synthesize(text, config)])
     resampled = soxr.resample(audio, 22050, RATE).astype(np.float32)
-    frame = RATE // 100
-    frames = resampled[: resampled.size // frame * frame].reshape(-1, frame)
-    rms = np.sqrt(np.mean(frames.astype(np.float64) ** 2, axis=1))
-    loud = np.flatnonzero(rms > rms.max() * 0.01)
-    return resampled[int(loud[0] * frame) : int((loud[-1] + 1) * frame)]
+    start, end = sound_span(resampled, RATE // 100)
+    return resampled[start:end]
 
 
 @pytest.fixture(scope="module")

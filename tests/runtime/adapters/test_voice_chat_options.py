@@ -37,3 +37,30 @@ def test_bad_options_name_the_key_and_what_is_accepted(
         VoiceChatOptions.parse(given, file="voice-chat.yaml", line=4)
     assert caught.value.key == f"adapter.options.{key}"
     assert "voice-chat.yaml" in str(caught.value)
+
+
+def test_the_prompt_keeps_only_the_last_interrupted_fragment() -> None:
+    from runtime.adapters.voice_chat import prompt_messages
+    from runtime.conversation import VoiceTurn
+
+    options = VoiceChatOptions.parse({"system_prompt": "Be brief.", "max_history_turns": 3})
+    turns = [
+        VoiceTurn(0, "Hello", "Hi there.", "Hi there."),
+        VoiceTurn(1, "Tell me a story", "Once upon a time a dragon", "Once upon", True),
+        VoiceTurn(2, "Stop", "Okay.", "Okay."),
+        VoiceTurn(3, "Tell me another", "There was a knight", "There was", True),
+    ]
+    messages = [(m.role, m.content) for m in prompt_messages(turns, options, "Why?")]
+    assert messages == [
+        ("system", "Be brief."),
+        # Three exchanges: the first falls out; the earlier fragment is not shown.
+        ("user", "Tell me a story"),
+        ("user", "Stop"),
+        ("assistant", "Okay."),
+        ("user", "Tell me another"),
+        # The last exchange keeps what was heard of it, without a mark.
+        ("assistant", "There was"),
+        ("user", "Why?"),
+    ]
+    bare = VoiceChatOptions.parse({"system_prompt": "", "max_history_turns": 0})
+    assert [(m.role, m.content) for m in prompt_messages(turns, bare, "Hi")] == [("user", "Hi")]

@@ -211,6 +211,7 @@ def vad_live() -> dict[str, Any]:
     from runtime.adapters.voice_export import find_voice
     from runtime.api import Omni
     from runtime.audio import AudioInput
+    from runtime.audio.levels import sound_span
 
     installed = find_voice("joe")
     voice = PiperVoice.load(installed.model_path, installed.config_path)
@@ -221,11 +222,8 @@ def vad_live() -> dict[str, Any]:
     clip = np.concatenate([lead, spoken, np.zeros(round(1.0 * CLIP_RATE), np.float32)])
     at_server = soxr.resample(clip, CLIP_RATE, 48000).astype(np.float32)
     # Where the voice's sound starts and ends in the clip (10 ms frames above -40 dB).
-    frame = CLIP_RATE // 100
-    frames = clip[: clip.size // frame * frame].reshape(-1, frame)
-    rms = np.sqrt(np.mean(frames.astype(np.float64) ** 2, axis=1))
-    loud = np.flatnonzero(rms > rms.max() * 0.01)
-    sound = (loud[0] * frame / CLIP_RATE, (loud[-1] + 1) * frame / CLIP_RATE)
+    start, end = sound_span(clip, CLIP_RATE // 100)
+    sound = (start / CLIP_RATE, end / CLIP_RATE)
 
     with Omni(os.environ["VAD_PIPELINE"]) as omni:
         source = AudioInput("system", sample_rate=RATE)
