@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
-from benchmarks.figures import Figure, FigureFormatError, Status
+from benchmarks.figures import Figure, FigureFormatError, Status, Subject
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
@@ -102,13 +102,18 @@ class Results:
 
 
 def _check_complete(figure: Figure) -> None:
-    """A measured figure has its baseline, ratio and goal verdict; a skipped one its reason."""
+    """A measured figure has its baseline, ratio and goal verdict (the baseline is optional
+    for an absolute goal on the measurement); a skipped one its reason."""
     where = f"figure {figure.key}"
     if figure.status is Status.NOT_RUN:
         if not figure.reason.strip():
             raise FigureFormatError(f"{where}: not run without a reason")
         return
-    if figure.baseline is None or figure.ratio is None or not figure.baseline_label:
+    # A goal on the measurement itself (at most 800 ms, none missed) may stand without one.
+    absolute = figure.goal.comparator is not None and figure.goal.subject is Subject.MEASUREMENT
+    if not absolute and (
+        figure.baseline is None or figure.ratio is None or not figure.baseline_label
+    ):
         raise FigureFormatError(f"{where}: measured without a baseline, its label and a ratio")
     if figure.status is Status.FAIL and not figure.note.strip():
         raise FigureFormatError(f"{where}: a missed goal needs a note saying what limits it")

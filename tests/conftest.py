@@ -44,9 +44,9 @@ MARKER_FIXTURES = {
 }
 #: Folders whose every test gets the marker.
 MARKER_FOLDERS = {"package": Path(__file__).parent / "packaging"}
-#: Under pytest-xdist (``--dist loadgroup``), the tests of the speech models run in one worker:
-#: the voice is exported once per session (about a minute), not once per worker.
-XDIST_GROUP_MARKER = "model"
+#: Under pytest-xdist (``--dist loadgroup``), the vLLM tests run one after another in one
+#: worker: two engines at once would each take both cores.
+XDIST_GROUP_MARKER = "vllm"
 
 
 # First: the -m selection (pytest's own hook of this name) must see the markers.

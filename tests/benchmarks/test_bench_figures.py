@@ -117,6 +117,16 @@ def test_malformed_figures_are_refused(tmp_path: Path, change: object, message: 
         load_results(path)
 
 
+def test_an_absolute_goal_needs_no_baseline_a_ratio_goal_does(tmp_path: Path) -> None:
+    # RATE's goal is on the measurement (>= 100 ops/s): measured alone, it loads and is judged.
+    results = _results(RATE.measured(150.0, None, "", {}))
+    path = tmp_path / "latest.json"
+    path.write_text(json.dumps(results.to_json()), encoding="utf-8")
+    (loaded,) = load_results(path).figures
+    assert loaded.status.value == "pass"
+    assert loaded.baseline is None
+
+
 def test_a_not_run_figure_without_reason_and_a_missing_machine_field_are_refused(
     tmp_path: Path,
 ) -> None:

@@ -1,13 +1,22 @@
-"""The default voice for tests: one export per session, the speak pipeline, speech checks.
+"""The default voice for tests: one export per machine and code, the speak pipeline, speech
+checks.
 
 Session fixtures defined in one directory's conftest are not visible in another, so the
 export lives here, memoized by the session's base temporary directory: the speech adapter,
-CLI and playback tests all use the same bundles, exported once.
+CLI and playback tests all use the same bundles. The export itself (about a minute) is made
+once into a cache keyed by the runtime's source and the installed voice release, under a
+file lock: both passes of ``make test`` and every pytest-xdist worker copy it into their own
+session (a fraction of a second), and a change to the runtime's code makes a new export.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+import hashlib
+import json
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +25,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pytest
 
-from runtime.adapters.voice_export import VoiceBundles, ensure_voice_bundles
+from runtime.adapters.voice_export import (
+    VoiceBundles,
+    ensure_voice_bundles,
+    find_voice,
+    load_voice_bundles,
+)
 from runtime.config import load_pipeline
 
 if TYPE_CHECKING:
@@ -40,18 +54,57 @@ class Exported:
 
 
 def export_once(tmp_path_factory: pytest.TempPathFactory) -> Exported:
-    """Export the voice ``joe`` into ``<basetemp>/voice-data/voices/joe`` the first time."""
+    """The voice ``joe`` in ``<basetemp>/voice-data/voices/joe``: copied from the machine's
+    test cache (see the module), exported there first if it is not."""
     base = tmp_path_factory.getbasetemp()
     found = _EXPORTS.get(base)
     if found is None:
+        cached, seconds = _cached_export()
         root = base / "voice-data" / "voices" / "joe"
-        started = time.perf_counter()
-        bundles = ensure_voice_bundles("joe", root)
-        found = _EXPORTS[base] = Exported(bundles, root, time.perf_counter() - started)
+        shutil.copytree(cached, root)
+        found = _EXPORTS[base] = Exported(load_voice_bundles(root), root, seconds)
     return found
 
 
 REPO = Path(__file__).resolve().parents[2]
+#: The machine's cache of test exports (one per key; older keys are removed).
+CACHE = Path(tempfile.gettempdir()) / "omni-edge-test-voice"
+
+
+def _export_key() -> str:
+    """The runtime's source and the installed voice release: what an export depends on."""
+    digest = hashlib.sha256()
+    installed = find_voice("joe")
+    digest.update(f"{installed.source.package}=={installed.version}".encode())
+    for path in sorted((REPO / "runtime").rglob("*.py")):
+        digest.update(path.relative_to(REPO).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _cached_export() -> tuple[Path, float]:
+    """The cached export's folder and how long it took (exporting it under the lock if it is
+    missing; another process waits for it)."""
+    key = _export_key()
+    CACHE.mkdir(exist_ok=True)
+    folder = CACHE / key
+    record = CACHE / f"{key}.json"
+    with (CACHE / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if record.exists() and folder.is_dir():
+            return folder, float(json.loads(record.read_text())["seconds"])
+        for old in CACHE.iterdir():
+            if old.is_dir():
+                shutil.rmtree(old)
+            elif old.name != "lock":
+                old.unlink()
+        started = time.perf_counter()
+        ensure_voice_bundles("joe", folder)
+        seconds = time.perf_counter() - started
+        record.write_text(json.dumps({"seconds": seconds}))
+        return folder, seconds
+
+
 SPEAK_PIPELINE = REPO / "assets" / "pipelines" / "speak.yaml"
 
 

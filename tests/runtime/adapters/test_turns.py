@@ -136,6 +136,26 @@ def test_finish_ends_an_open_turn_and_rejects_an_open_burst() -> None:
     assert [type(event) for event in detector.finish()] == [BurstRejected]
 
 
+def test_a_lone_voiced_chunk_is_no_onset_two_are() -> None:
+    # A click or a trace of echo: one chunk over the threshold, then silence.
+    detector = TurnDetector(TurnSettings(min_speech_s=0.25, burst_gap_s=0.2))
+    events = push_all(detector, [0.1] * 3 + [0.9] + [0.1] * 10)
+    assert [type(event) for event in events] == [BurstRejected]
+    # Two chunks (64 ms, over onset_s 0.06): reported at the second, timed from the first.
+    detector = TurnDetector(TurnSettings(min_speech_s=0.25, burst_gap_s=0.2))
+    events = push_all(detector, [0.1] * 3 + [0.9])
+    assert events == []
+    events = detector.push(0.9, CHUNK)
+    assert events == [VoiceOnset(3 * CHUNK)]
+    # onset_s 0: the first voiced chunk is reported; a longer onset_s than min_speech_s is
+    # reported with the confirmation.
+    detector = TurnDetector(TurnSettings(onset_s=0.0))
+    assert detector.push(0.9, CHUNK) == [VoiceOnset(0)]
+    detector = TurnDetector(TurnSettings(onset_s=0.5, min_speech_s=0.1))
+    kinds = [type(event) for event in push_all(detector, [0.9] * 4)]
+    assert kinds == [VoiceOnset, SpeechConfirmed]
+
+
 @pytest.mark.parametrize(
     ("options", "key", "accepted"),
     [
@@ -143,6 +163,7 @@ def test_finish_ends_an_open_turn_and_rejects_an_open_burst() -> None:
         ({"threshold": True}, "threshold", "between 0 and 1"),
         ({"end_of_turn_s": -1}, "end_of_turn_s", "seconds from 0 to 10"),
         ({"min_speech_s": "long"}, "min_speech_s", "seconds from 0 to 10"),
+        ({"onset_s": 11}, "onset_s", "seconds from 0 to 10"),
         ({"threshold": 0.4, "neg_threshold": 0.6}, "neg_threshold", "at most threshold"),
         ({"speculate_s": 0.6, "end_of_turn_s": 0.5}, "speculate_s", "at most end_of_turn_s"),
     ],
