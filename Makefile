@@ -26,12 +26,12 @@ PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest
 # speech model, and not the fault matrix (markers set by fixture in tests/conftest.py;
 # docs/testing.md has the tiers), on two pytest-xdist workers.
 UNIT_MARKERS := not slow and not vllm and not package and not audio and not gui and not model and not faults
-# make test runs what keeps no real time on two workers (the vLLM tests one after another in
-# one of them, beside the rest: a vLLM engine leaves a core idle while it loads), then the
-# studio's windows, audio paced in real time and the packaging one test at a time. The
-# slowest tests of each pass are listed at its end.
-PARALLEL_MARKERS := not slow and not package and not audio and not gui
-XDIST := -n 2 --dist loadgroup
+# make test runs what keeps no real time on two workers, a test module at a time to a worker
+# (its module fixtures, a vLLM engine or server among them, are made once), then audio paced
+# in real time and the packaging one test at a time. The slowest tests of each pass are
+# listed at its end.
+PARALLEL_MARKERS := not slow and not package and not audio
+XDIST := -n 2 --dist loadscope
 DURATIONS := --durations=15 --durations-min=5
 test: setup lint
 	$(PYTEST) $(XDIST) -m "$(PARALLEL_MARKERS)" $(DURATIONS) $(PYTEST_ARGS)

@@ -44,9 +44,6 @@ MARKER_FIXTURES = {
 }
 #: Folders whose every test gets the marker.
 MARKER_FOLDERS = {"package": Path(__file__).parent / "packaging"}
-#: Under pytest-xdist (``--dist loadgroup``), the vLLM tests run one after another in one
-#: worker: two engines at once would each take both cores.
-XDIST_GROUP_MARKER = "vllm"
 
 
 # First: the -m selection (pytest's own hook of this name) must see the markers.
@@ -60,8 +57,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for marker in sorted(wanted):
             if item.get_closest_marker(marker) is None:
                 item.add_marker(marker)
-        if item.get_closest_marker(XDIST_GROUP_MARKER) is not None:
-            item.add_marker(pytest.mark.xdist_group(XDIST_GROUP_MARKER))
 
 
 def _shm_entries() -> set[str]:
