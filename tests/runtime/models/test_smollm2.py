@@ -51,6 +51,35 @@ def test_a_complete_folder_is_recognised_and_a_damaged_or_foreign_one_is_not(
     assert not smollm2_ready(tmp_path / "absent")
 
 
+def test_verified_files_are_not_hashed_again_until_their_status_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runtime.models import marker as marker_module
+
+    model = _fake_model(tmp_path / "m")
+    assert smollm2_ready(model)
+    assert (model / marker_module.CHECKED_NAME).is_file()
+    hashed: list[str] = []
+    real = marker_module.sha256_file
+
+    def counting(path: Path) -> str:
+        hashed.append(path.name)
+        return real(path)
+
+    monkeypatch.setattr(marker_module, "sha256_file", counting)
+    assert smollm2_ready(model)
+    assert hashed == []
+    # The same size, other bytes, a later modification time: hashed again, and refused.
+    weights = model / "model.safetensors"
+    before = weights.stat()
+    weights.write_bytes(b"WEIGHTS")
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000))
+    assert not smollm2_ready(model)
+    assert "model.safetensors" in hashed
+    # A record of another version is refused before any status is trusted.
+    assert not smollm2_ready(_fake_model(tmp_path / "old", version=MODEL_VERSION - 1))
+
+
 def test_a_ready_folder_is_returned_without_running_anything(tmp_path: Path) -> None:
     model = _fake_model(tmp_path / "m")
     assert ensure_smollm2_model(tmp_path / "no-such-python", out_dir=model) == model
