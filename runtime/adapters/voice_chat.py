@@ -26,7 +26,8 @@ every 32 ms chunk is scored by the VAD stage on arrival and the
 Each output carries ``event`` and ``turn`` (read back with
 :class:`~runtime.conversation.ConversationEvent`). The conversation's history is rendered with
 the model's chat template, a system prompt first, the last ``max_history_turns`` exchanges after
-it. At the end of input the final output has ``metrics``: every turn
+it (:func:`prompt_messages`: of interrupted replies, only the last exchange's heard words). At
+the end of input the final output has ``metrics``: every turn
 (:class:`~runtime.conversation.VoiceTurn` as JSON, with its latency parts) and the counts of
 barge-ins, resumes and interruptions.
 
