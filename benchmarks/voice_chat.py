@@ -350,7 +350,7 @@ class Conversation:
         while (self.room.recorded_until or 0) < start + period:
             time.sleep(0.01)
         before = self.room.recording(start + period - ROOM_RATE // 10, start + period)
-        over = bool(before.size) and float(np.sqrt(np.mean(before.astype(np.float64) ** 2))) > 0.01
+        over = _sounding(before)
         silent_s: float | None = None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -378,10 +378,15 @@ class Conversation:
                 time.sleep(0.05)
                 continue
             window = self.room.recording(now - ROOM_RATE, now)
-            if window.size and float(np.sqrt(np.mean(window.astype(np.float64) ** 2))) > 0.01:
+            if _sounding(window):
                 return True
             time.sleep(0.05)
         return False
+
+
+def _sounding(samples: np.ndarray) -> bool:
+    """Whether the speaker was playing something in ``samples`` (RMS over 0.01)."""
+    return bool(samples.size) and float(np.sqrt(np.mean(samples.astype(np.float64) ** 2))) > 0.01
 
 
 @contextlib.contextmanager

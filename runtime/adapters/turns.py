@@ -35,7 +35,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from runtime.adapters.speech_options import check_settings, read_options, release_threshold
+from runtime.adapters.speech_options import (
+    PROBABILITIES,
+    check_settings,
+    read_options,
+    release_threshold,
+)
 from runtime.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -54,16 +59,6 @@ __all__ = [
     "VoiceOnset",
 ]
 
-TURN_OPTION_NAMES: Final = (
-    "threshold",
-    "neg_threshold",
-    "onset_s",
-    "min_speech_s",
-    "burst_gap_s",
-    "speculate_s",
-    "end_of_turn_s",
-    "pre_roll_s",
-)
 #: The options that are durations, in seconds.
 _DURATIONS: Final = (
     "onset_s",
@@ -73,6 +68,7 @@ _DURATIONS: Final = (
     "end_of_turn_s",
     "pre_roll_s",
 )
+TURN_OPTION_NAMES: Final = (*PROBABILITIES, *_DURATIONS)
 #: Longest duration option accepted, in seconds.
 MAX_DURATION_S: Final = 10.0
 
