@@ -8,11 +8,12 @@ No other studio module imports :mod:`runtime.serve`.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from functools import partial
 from typing import TYPE_CHECKING
 
-from app.models import ServedLine, ServeView
+from app.models import QueueLine, ServedLine, ServeView
 from runtime.errors import OmniError
 
 if TYPE_CHECKING:
@@ -87,15 +88,7 @@ class ServeSwitch:
         view = self.view
         if view.state not in ("starting", "serving"):
             return False
-        self._show(
-            ServeView(
-                state="stopping",
-                address=view.address,
-                models=view.models,
-                served=view.served,
-                recent=view.recent,
-            )
-        )
+        self._show(dataclasses.replace(view, state="stopping", error=None))
         self._submit(self.stop_job)
         return True
 
@@ -103,6 +96,7 @@ class ServeSwitch:
 
     def _start_job(self, config: PipelineConfig, port: int | None) -> None:
         from runtime.serve import OmniServer, ServeOptions
+        from runtime.serve.endpoints import ENDPOINTS
 
         topology, selection = self._machine()
         options = ServeOptions() if port is None else ServeOptions(port=port)
@@ -123,10 +117,21 @@ class ServeSwitch:
             return
         # Called on the server's thread for each answered request.
         server.stats.listener = lambda served: self._post(partial(self._served, served))
+        # Called on the server's thread whenever a pipeline's queue grows or shrinks.
+        server.stats.queue_listener = lambda name, depth: self._post(
+            partial(self._queued, name, depth)
+        )
         self._server = server
         registry = server.registry
         models = tuple(registry.pipelines) if registry is not None else ()
-        view = ServeView(state="serving", address=server.address, models=models)
+        max_queue = server.options.max_queue
+        view = ServeView(
+            state="serving",
+            address=server.address,
+            models=models,
+            endpoints=tuple(str(endpoint) for endpoint in ENDPOINTS),
+            queues=tuple(QueueLine(model, 0, max_queue) for model in models),
+        )
         self._post(partial(self._show, view))
         self._line(f"serving {', '.join(models)} at {server.address}")
 
@@ -135,6 +140,7 @@ class ServeSwitch:
         server, self._server = self._server, None
         if server is not None:
             server.stats.listener = None
+            server.stats.queue_listener = None
             server.close()
             self._line("stopped serving")
         self._post(partial(self._show, ServeView(state="stopped")))
@@ -153,11 +159,17 @@ class ServeSwitch:
             served.method, served.path, served.model, served.status, served.duration_s
         )
         self._show(
-            ServeView(
-                state=view.state,
-                address=view.address,
-                models=view.models,
-                served=view.served + 1,
-                recent=(*view.recent, line)[-SERVED_SHOWN:],
+            dataclasses.replace(
+                view, served=view.served + 1, recent=(*view.recent, line)[-SERVED_SHOWN:]
             )
         )
+
+    def _queued(self, name: str, depth: int) -> None:
+        view = self.view
+        if view.state != "serving":
+            return
+        queues = tuple(
+            dataclasses.replace(queue, queued=depth) if queue.model == name else queue
+            for queue in view.queues
+        )
+        self._show(dataclasses.replace(view, queues=queues))

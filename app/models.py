@@ -572,11 +572,21 @@ class ServedLine:
 
 
 @dataclass(frozen=True, slots=True)
+class QueueLine:
+    """One served pipeline's queue: requests waiting now, and how many may wait."""
+
+    model: str
+    queued: int
+    max_queue: int
+
+
+@dataclass(frozen=True, slots=True)
 class ServeView:
     """The local OpenAI-compatible server: ``state`` is ``stopped``, ``starting``,
     ``serving``, ``stopping`` or ``failed`` (with ``error``); ``address`` is the base URL
     while serving; ``served`` counts the answered requests and ``recent`` lists the last
-    ones, newest last."""
+    ones, newest last; ``endpoints`` lists what the server answers (``GET /v1/models``) and
+    ``queues`` each pipeline's queue, live."""
 
     state: str = "stopped"
     address: str | None = None
@@ -584,3 +594,5 @@ class ServeView:
     served: int = 0
     recent: tuple[ServedLine, ...] = ()
     error: str | None = None
+    endpoints: tuple[str, ...] = ()
+    queues: tuple[QueueLine, ...] = ()

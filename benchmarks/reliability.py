@@ -39,7 +39,12 @@ TESTS = REPO_ROOT / "tests" / "reliability"
 ATHERIS = REPO_ROOT / "benchmarks" / "fuzz_atheris.py"
 ATHERIS_TARGETS = ("frames", "manifests", "pipelines")
 #: The Hypothesis fuzz targets' files, run under the slow profile.
-FUZZ_FILES = ("test_fuzz.py", "test_fuzz_audio.py", "test_fuzz_transcriptions.py")
+FUZZ_FILES = (
+    "test_fuzz.py",
+    "test_fuzz_audio.py",
+    "test_fuzz_transcriptions.py",
+    "test_fuzz_serve.py",
+)
 EXECUTED = re.compile(r"stat::number_of_executed_units:\s*(\d+)")
 
 

@@ -33,6 +33,7 @@ from benchmarks import (
     ledger_ops,
     llm_cold,
     memory,
+    serve_concurrency,
     serve_load,
     speech_figures,
     speech_in,
@@ -67,7 +68,7 @@ JSON_NAME: Final = "latest.json"
 MARKDOWN_NAME: Final = "latest.md"
 #: Benchmarks whose pipelines need the exported speech voice.
 NEEDS_VOICE: Final = frozenset(
-    {"speech", "speech_in", "studio", "memory", "serve", "llm_cold", "voice"}
+    {"speech", "speech_in", "studio", "memory", "serve", "serve_speech", "llm_cold", "voice"}
 )
 
 
@@ -84,6 +85,8 @@ def all_benchmarks() -> list[Benchmark]:
         llm_cold.BENCHMARK,
         studio_figures.BENCHMARK,
         serve_load.BENCHMARK,
+        serve_concurrency.SPEECH_BENCHMARK,
+        serve_concurrency.CHAT_BENCHMARK,
         voice_chat.BENCHMARK,
         memory.benchmark(),
     ]

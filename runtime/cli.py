@@ -85,11 +85,14 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from .adapters.embed_bundle import export_missing_embedders
     from .adapters.whisper_export import export_missing_recognisers
     from .planning import plan_pipeline
 
-    # A speech recogniser the pipeline names is made on first use, before its manifests load.
+    # A speech recogniser or an embedder the pipeline names is made on first use, before its
+    # manifests load.
     export_missing_recognisers(Path(args.pipeline), say)
+    export_missing_embedders(Path(args.pipeline), say)
     plan = plan_pipeline(
         args.pipeline, topology=machine_topology(args), selection=device_selection(args)
     )
@@ -194,7 +197,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # The key is checked before anything loads: a refused address costs no start-up.
     api_key = resolve_api_key(args.host, args.api_key_env)
     log_to_stderr()
-    options = ServeOptions(host=args.host, port=args.port, api_key=api_key)
+    options = ServeOptions(
+        host=args.host, port=args.port, api_key=api_key, max_queue=args.max_queue
+    )
     if args.pipelines:
         pipelines: list[str | Path] = list(args.pipelines)
     else:
@@ -375,6 +380,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--port", type=int, default=8080, help="port to listen on (default 8080; 0: any free)"
     )
     serve.add_argument(
+        "--max-queue",
+        type=int,
+        default=16,
+        metavar="N",
+        help="requests that may wait for each busy pipeline, in arrival order (default 16; "
+        "0: none, a busy pipeline answers 429 at once); a full queue answers 429 with "
+        "Retry-After",
+    )
+    serve.add_argument(
         "--api-key-env",
         metavar="VAR",
         help="require 'Authorization: Bearer <key>' with the key held by this variable",
@@ -397,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ID[,ID...]",
         help=(
             "run only these: graph, handoff, startup, ledger, speech, speech_in, vllm, "
-            "llm_cold, studio, serve, memory"
+            "llm_cold, studio, serve, serve_speech, serve_chat, memory"
         ),
     )
     bench.add_argument(

@@ -41,6 +41,10 @@ __all__ = [
     "TRANSCRIPT_PARTIAL",
     "TURN_ENDED",
     "ConversationEvent",
+    "ConversationUpdate",
+    "SpokenTurn",
+    "StopReply",
+    "TextTurn",
     "TurnLatency",
     "VoiceFrame",
     "VoiceTurn",
@@ -107,6 +111,63 @@ class VoiceFrame:
             raise UsageError(
                 f"a voice frame's played_samples is {self.played_samples!r}; accepted: a "
                 "count of samples, 0 or more"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class TextTurn:
+    """A turn the user typed, fed between voice frames: the reply to ``text`` is made and
+    spoken at once (no turn detection, no transcription)."""
+
+    text: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.text, str) or not self.text.strip():
+            raise UsageError(f"a text turn's text is {self.text!r}; accepted: non-empty text")
+
+
+@dataclass(frozen=True, slots=True)
+class SpokenTurn:
+    """A whole turn of speech the caller decided is complete (``pcm``: 16 kHz mono float32):
+    it is transcribed and answered at once, without the voice activity's turn detection."""
+
+    pcm: np.ndarray
+
+    def __post_init__(self) -> None:
+        pcm = self.pcm
+        if (
+            not isinstance(pcm, np.ndarray)
+            or pcm.ndim != 1
+            or pcm.dtype != np.float32
+            or pcm.size == 0
+        ):
+            shape = f"{pcm.dtype} {pcm.shape}" if isinstance(pcm, np.ndarray) else type(pcm)
+            raise UsageError(
+                f"a spoken turn's pcm is {shape}; accepted: 1-D float32 samples at "
+                f"{VOICE_FRAME_RATE} Hz, at least one"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class StopReply:
+    """The caller stops the reply being made or played: it ends ``interrupted``, as a
+    barge-in would, and the conversation listens on."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationUpdate:
+    """New settings for the rest of the conversation, fed between voice frames: a system
+    prompt and turn-taking settings (a
+    :class:`~runtime.adapters.turns.TurnSettings`); None keeps the current one."""
+
+    system_prompt: str | None = None
+    turns: Any = None
+
+    def __post_init__(self) -> None:
+        if self.system_prompt is not None and not isinstance(self.system_prompt, str):
+            raise UsageError(
+                f"a conversation update's system_prompt is {self.system_prompt!r}; accepted: "
+                "text or None"
             )
 
 

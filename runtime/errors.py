@@ -30,6 +30,14 @@ class UsageError(OmniError):
     exit_code = EXIT_USAGE
 
 
+class StructuredOutputUnsupported(UsageError):
+    """The language model cannot constrain its reply as asked: its grammar compiler refused
+    the request's JSON schema (the message says what it does not support)."""
+
+    #: The field of a chat request the refusal is about.
+    param = "response_format"
+
+
 class ConfigError(OmniError):
     """A pipeline or topology file is invalid. Names the file, line and key."""
 

@@ -107,18 +107,24 @@ def missing_voices(pipeline: Path) -> list[str]:
 def export_missing_voices(pipeline: Path, progress: Callable[[str], None]) -> list[str]:
     """Export, on first use, the voices :func:`missing_voices` finds from their installed
     packages into the user data directory, and the speech recognisers the pipeline names
-    that are not made yet (:func:`runtime.adapters.whisper_export.export_missing_recognisers`):
+    that are not made yet (:func:`runtime.adapters.whisper_export.export_missing_recognisers`)
+    and the built-in embedder (:func:`runtime.adapters.embed_bundle.export_missing_embedders`):
     loading refuses a manifest that does not exist, so this runs before the pipeline is
-    parsed. Return the names exported (voices, then recognisers). A shipped voice is never
-    missing (the frozen application exports nothing); a voice or recogniser this installation
-    does not know is left for loading the pipeline to report."""
+    parsed. Return the names exported (voices, recognisers, then embedders). A shipped voice
+    is never missing (the frozen application exports nothing); a voice, recogniser or
+    embedder this installation does not know is left for loading the pipeline to report."""
+    from runtime.adapters.embed_bundle import export_missing_embedders
     from runtime.adapters.voice_export import KNOWN_VOICES, ensure_voice_bundles
     from runtime.adapters.whisper_export import export_missing_recognisers
 
     exported = [voice for voice in missing_voices(pipeline) if voice in KNOWN_VOICES]
     for voice in exported:
         ensure_voice_bundles(voice, progress=progress)
-    return [*exported, *export_missing_recognisers(pipeline, progress)]
+    return [
+        *exported,
+        *export_missing_recognisers(pipeline, progress),
+        *export_missing_embedders(pipeline, progress),
+    ]
 
 
 def is_manifest_path(path: Path) -> bool:

@@ -72,6 +72,7 @@ def _compare(
 def cmd_run(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from .adapters.embed_bundle import export_missing_embedders
     from .adapters.whisper_export import export_missing_recognisers
     from .api import Omni
     from .config import load_pipeline
@@ -81,8 +82,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.text is not None and args.chat is not None:
         raise UsageError("--text and --chat: give one request, the text or the conversation")
     messages = _load_chat(Path(args.chat)) if args.chat is not None else None
-    # A speech recogniser the pipeline names is made on first use, before its manifests load.
+    # A speech recogniser or an embedder the pipeline names is made on first use, before its
+    # manifests load.
     export_missing_recognisers(Path(args.pipeline), say)
+    export_missing_embedders(Path(args.pipeline), say)
     config = load_pipeline(args.pipeline)
     kind = input_kind(config)
     if args.text is not None or messages is not None:
@@ -256,7 +259,10 @@ def _run_text(
     messages: tuple[ChatMessage, ...] | None = None,
 ) -> int:
     """``run --text`` / ``--chat``: stream the text to stdout as it arrives; write or play the
-    audio. With ``--chat`` and ``--out``, the conversation with the reply is written too."""
+    audio. With ``--chat`` and ``--out``, the conversation with the reply is written too; other
+    arrays of the final output (an embedding pipeline's vectors) go to ``outputs.npz``."""
+    import numpy as np
+
     from .api import AudioChunk, Omni
     from .audio import AudioPlayer, WavWriter
     from .contracts import new_request_id
@@ -273,6 +279,8 @@ def _run_text(
     request_id = new_request_id()
     streamed = False
     final: OmniRequestOutput | None = None
+    # Arrays the final output carries beyond text and audio (an embedding pipeline's vectors).
+    arrays: dict[str, Any] = {}
     wav: Path | None = None
     samples = 0
     rate = 0
@@ -290,6 +298,7 @@ def _run_text(
         for output in omni.generate(request, request_id=request_id):
             if output.finished:
                 final = output
+                arrays = _result_arrays(output)
             elif output.text is not None and not args.json:
                 sys.stdout.write(_printable(output.text))
                 sys.stdout.flush()
@@ -334,6 +343,9 @@ def _run_text(
         if text is not None:
             (out / f"{request_id}.txt").write_text(text, encoding="utf-8")
             written.append(f"{request_id}.txt")
+        if arrays:
+            np.savez(out / "outputs.npz", allow_pickle=False, **arrays)
+            written.append("outputs.npz")
         if text is not None and messages is not None:
             # The conversation with the reply: give it back with --chat to go on.
             turns = [*(message.to_json() for message in messages)]
@@ -353,6 +365,10 @@ def _run_text(
                 "tokens": engine.get("tokens"),
                 "finish_reason": engine.get("finish_reason"),
                 "audio_seconds": audio_s,
+                "outputs": {
+                    name: {"dtype": str(a.dtype), "shape": list(a.shape)}
+                    for name, a in arrays.items()
+                },
                 "wav": None if wav is None else str(wav),
                 "out": None if out is None else str(out),
             }
@@ -363,6 +379,7 @@ def _run_text(
         parts.append(f"{engine['tokens']} tokens ({engine.get('finish_reason')})")
     if samples:
         parts.append(f"{audio_s:.2f} s of audio")
+    parts.extend(f"{name} {a.dtype}{list(a.shape)}" for name, a in arrays.items())
     if samples and wav is None and not args.play:
         parts.append("the audio was not kept (give --out DIR or --play)")
     if out is not None:
@@ -371,6 +388,21 @@ def _run_text(
         )
     say("; ".join(parts))
     return EXIT_OK
+
+
+def _result_arrays(output: OmniRequestOutput) -> dict[str, Any]:
+    """The arrays of a text request's final output other than its text and audio, copied
+    (the output is acknowledged as iteration goes on)."""
+    import numpy as np
+
+    return {
+        name: np.array(value, copy=True)
+        for name, value in output.outputs.items()
+        if name not in ("pcm", "text")
+        and isinstance(value, np.ndarray)
+        and value.ndim >= 1
+        and value.size > 0
+    }
 
 
 def add_run_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

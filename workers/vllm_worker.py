@@ -17,7 +17,9 @@ importing torch and vLLM again).
 2. ``llm_load`` builds the engine from the engine arguments, runs a two-token warm-up and
    answers ``llm_ready`` with the effective limits and the resident memory of the worker's
    process tree. A failure is a fatal ``llm_error`` and the process exits.
-3. Each ``generate`` is added to the engine at once; while any request is in flight the
+3. Each ``generate`` is added to the engine at once (a request constrained to JSON first has
+   its schema checked by the grammar compiler: a refusal is an ``unsupported_structured_output``
+   error naming what it does not support, and the engine never holds the request); while any request is in flight the
    loop steps the engine continuously (vLLM batches the running requests, up to
    ``max_num_seqs``) and reads new frames between steps without blocking; idle, it waits
    on its input. Every step's new text and token ids go out as one ``delta`` per request,
@@ -39,7 +41,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -79,6 +83,7 @@ from runtime.contracts.process import (
     EXIT_USAGE,
     GENERATION_VARIABLE,
 )
+from runtime.contracts.structured import JSON_SCHEMA, UNSUPPORTED_STRUCTURED_OUTPUT
 from runtime.transport.channel import (
     ChannelClosed,
     FramedChannel,
@@ -110,6 +115,12 @@ WARMUP_PROMPT: Final = "warm up"
 WARMUP_ID: Final = "warmup"
 #: Steps the two-token warm-up may take before the load is called failed.
 WARMUP_MAX_STEPS: Final = 64
+#: vLLM's structured-output backend: xgrammar compiles a JSON schema into a grammar over the
+#: model's vocabulary on the CPU, and refuses up front what it cannot honour (vLLM's "auto"
+#: would try other backends instead, each honouring a different subset of JSON Schema).
+STRUCTURED_BACKEND: Final = "xgrammar"
+#: The location prefix of the grammar compiler's messages (``[12:01:44] /path/file.cc:83: ``).
+_COMPILER_LOCATION: Final = re.compile(r"\[\d\d:\d\d:\d\d\] \S+:\d+: ")
 #: A delta with more text characters plus token ids than this is written on its own: below
 #: it, its frame is far under the header limit (at most 16 bytes of JSON per item).
 BATCHED_DELTA_ITEMS: Final = 16_384
@@ -149,7 +160,16 @@ def tree_memory() -> tuple[int, int, int]:
 
 
 def _sampling_params(vllm: Any, spec: SamplingSpec) -> Any:
-    output_kind = importlib.import_module("vllm.sampling_params").RequestOutputKind.DELTA
+    module = importlib.import_module("vllm.sampling_params")
+    output_kind = module.RequestOutputKind.DELTA
+    structured = spec.structured_output
+    constraint = None
+    if structured is not None:
+        constraint = (
+            module.StructuredOutputsParams(json=structured.schema)
+            if structured.kind == JSON_SCHEMA
+            else module.StructuredOutputsParams(json_object=True)
+        )
     return vllm.SamplingParams(
         n=1,
         max_tokens=spec.max_tokens,
@@ -162,7 +182,74 @@ def _sampling_params(vllm: Any, spec: SamplingSpec) -> Any:
         stop_token_ids=list(spec.stop_token_ids),
         ignore_eos=spec.ignore_eos,
         output_kind=output_kind,
+        structured_outputs=constraint,
     )
+
+
+#: Keywords vLLM's xgrammar backend refuses in some combinations (its own check says which).
+_SUSPECT_KEYWORDS: Final = (
+    "multipleOf",
+    "uniqueItems",
+    "contains",
+    "minContains",
+    "maxContains",
+    "format",
+    "pattern",
+    "minLength",
+    "maxLength",
+    "propertyNames",
+    "patternProperties",
+)
+
+
+def _unsupported_at(schema: object, unsupported: Callable[[Any], bool]) -> tuple[str, str] | None:
+    """The JSON pointer of the innermost subschema ``unsupported`` refuses and the keywords
+    it has that may be why, or None."""
+
+    def walk(node: object, path: str) -> tuple[str, str] | None:
+        children = (
+            node.items()
+            if isinstance(node, dict)
+            else enumerate(node)
+            if isinstance(node, list)
+            else ()
+        )
+        for key, child in children:
+            found = walk(child, f"{path}/{key}")
+            if found is not None:
+                return found
+        if isinstance(node, dict) and unsupported(node):
+            keys = [key for key in _SUSPECT_KEYWORDS if key in node]
+            return path or "/", ", ".join(keys) or "a keyword"
+        return None
+
+    return walk(schema, "")
+
+
+def structured_output_problem(params: Any) -> str | None:
+    """Why the structured-output backend cannot honour ``params``' constraint (its grammar
+    compiler's own words), or None when it can. Runs the conversion vLLM runs when the
+    request is added, so a refusal is known before the engine holds anything of it."""
+    xgrammar = importlib.import_module("vllm.v1.structured_output.backend_xgrammar")
+    schema = params.structured_outputs.json
+    if isinstance(schema, str):
+        with contextlib.suppress(ValueError, RecursionError):
+            where = _unsupported_at(
+                json.loads(schema), xgrammar.has_xgrammar_unsupported_json_features
+            )
+            if where is not None:
+                return (
+                    f"the JSON schema at {where[0]} uses {where[1]} in a way the grammar "
+                    f"compiler ({STRUCTURED_BACKEND}) does not support"
+                )
+    try:
+        xgrammar.validate_xgrammar_grammar(params)
+    except Exception as exc:  # noqa: BLE001 - whatever the compiler refuses is reported
+        cause = exc.__cause__
+        detail = f"{exc}" if cause is None else f"{exc} ({cause})"
+        text = _COMPILER_LOCATION.sub("", detail).strip()
+        return " ".join(text.split()) or type(exc).__name__
+    return None
 
 
 def _cpu_threads(vllm_config: Any) -> int | None:
@@ -245,6 +332,11 @@ class LlmWorker:
             options["kv_cache_memory_bytes"] = args.kv_cache_memory_bytes
         if args.gpu_memory_utilization is not None:
             options["gpu_memory_utilization"] = args.gpu_memory_utilization
+        structured = importlib.import_module("vllm.config.structured_outputs")
+        # Compact JSON: a small model otherwise may spend its tokens on whitespace.
+        options["structured_outputs_config"] = structured.StructuredOutputsConfig(
+            backend=STRUCTURED_BACKEND, disable_any_whitespace=True
+        )
         vllm_config = arg_utils.EngineArgs(**options).create_engine_config()
         threads = _cpu_threads(vllm_config)
         if threads is not None:
@@ -382,6 +474,14 @@ class LlmWorker:
             if message.prompt is not None
             else {"prompt_token_ids": list(message.prompt_token_ids or ())}
         )
+        if message.sampling.structured_output is not None:
+            try:
+                problem = structured_output_problem(_sampling_params(self._vllm, message.sampling))
+            except Exception as exc:  # noqa: BLE001 - parameters vLLM refuses are reported
+                problem = f"{type(exc).__name__}: {exc}"
+            if problem is not None:
+                self._send_error(key, UNSUPPORTED_STRUCTURED_OUTPUT, problem)
+                return
         try:
             params = _sampling_params(self._vllm, message.sampling)
             self._engine.add_request(engine_id, prompt, params)

@@ -11,12 +11,19 @@ from PySide6.QtWidgets import QCheckBox, QLabel, QListWidget, QVBoxLayout, QWidg
 from app.widgets.common import BAD, monospace
 
 if TYPE_CHECKING:
-    from app.models import ServedLine, ServeView
+    from app.models import QueueLine, ServedLine, ServeView
 
 HINT = (
-    "Serves the open pipeline on 127.0.0.1 with its own workers: GET /v1/models, "
-    "POST /v1/chat/completions, /v1/audio/speech or /v1/omni/run, as its kind takes."
+    "Serves the open pipeline on 127.0.0.1 with its own workers, on the endpoints its kind "
+    "takes; a request to a busy pipeline waits in its queue."
 )
+
+
+def queue_text(queues: tuple[QueueLine, ...]) -> str:
+    """``queued: speak 2 of 16``, one pipeline after another."""
+    return "queued: " + ", ".join(
+        f"{queue.model} {queue.queued} of {queue.max_queue}" for queue in queues
+    )
 
 
 def served_line(line: ServedLine) -> str:
@@ -41,6 +48,11 @@ class ServePanel(QWidget):
         self.address_label.setFont(monospace())
         self.address_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.count_label = QLabel("0 requests served")
+        self.queue_label = QLabel("")
+        self.endpoints_label = QLabel("")
+        self.endpoints_label.setFont(monospace())
+        self.endpoints_label.setWordWrap(True)
+        self.endpoints_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.requests = QListWidget()
         self.requests.setFont(monospace())
         layout = QVBoxLayout(self)
@@ -48,6 +60,8 @@ class ServePanel(QWidget):
         layout.addWidget(hint)
         layout.addWidget(self.address_label)
         layout.addWidget(self.count_label)
+        layout.addWidget(self.queue_label)
+        layout.addWidget(self.endpoints_label)
         layout.addWidget(self.requests, 1)
         self._updating = False
         self._available = False
@@ -95,6 +109,9 @@ class ServePanel(QWidget):
         else:
             self.address_label.setText(view.state if view.state != "stopped" else "not serving")
             self.address_label.setStyleSheet("")
+        serving = view.state == "serving"
+        self.queue_label.setText(queue_text(view.queues) if serving and view.queues else "")
+        self.endpoints_label.setText("\n".join(view.endpoints) if serving else "")
         noun = "request" if view.served == 1 else "requests"
         self.count_label.setText(f"{view.served} {noun} served")
         self.requests.clear()

@@ -189,14 +189,8 @@ class TurnDetector:
     """Chunk probabilities in order -> :data:`TurnEvent` values (see the module)."""
 
     def __init__(self, settings: TurnSettings | None = None, sample_rate: int = 16000) -> None:
-        self.settings = settings or TurnSettings()
         self.sample_rate = sample_rate
-        s = self.settings
-        self._min_speech = round(s.min_speech_s * sample_rate)
-        self._burst_gap = round(s.burst_gap_s * sample_rate)
-        self._speculate = round(s.speculate_s * sample_rate)
-        self._onset = round(s.onset_s * sample_rate)
-        self._end_of_turn = round(s.end_of_turn_s * sample_rate)
+        self.retune(settings or TurnSettings())
         self._position = 0
         #: The open burst: where its first voiced chunk began, and its last voiced chunk's end.
         self._burst: int | None = None
@@ -212,6 +206,16 @@ class TurnDetector:
         #: Voiced by the hysteresis (at or over the threshold, until under the release).
         self._voiced = False
         self._speculated = False
+
+    def retune(self, settings: TurnSettings) -> None:
+        """Decide with ``settings`` from the next chunk on (what was heard stays as it is)."""
+        self.settings = s = settings
+        rate = self.sample_rate
+        self._min_speech = round(s.min_speech_s * rate)
+        self._burst_gap = round(s.burst_gap_s * rate)
+        self._speculate = round(s.speculate_s * rate)
+        self._onset = round(s.onset_s * rate)
+        self._end_of_turn = round(s.end_of_turn_s * rate)
 
     @property
     def position(self) -> int:

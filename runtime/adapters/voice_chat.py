@@ -31,6 +31,15 @@ the end of input the final output has ``metrics``: every turn
 (:class:`~runtime.conversation.VoiceTurn` as JSON, with its latency parts) and the counts of
 barge-ins, resumes and interruptions.
 
+Between frames the caller may feed a turn of its own: a :class:`~runtime.conversation.TextTurn`
+(typed text, answered at once) or a :class:`~runtime.conversation.SpokenTurn` (speech the
+caller says is a whole turn: transcribed and answered at once, for callers that detect turns
+themselves); a reply in progress is made to its end first. :class:`~runtime.conversation.StopReply`
+stops the reply being made or played (``interrupted``, as a barge-in would), and
+:class:`~runtime.conversation.ConversationUpdate` replaces the system prompt or the turn-taking
+settings for the rest of the conversation. The ``reply_done`` of a reply carries the language
+model's ``tokens`` and ``prompt_tokens``.
+
 A one-shot request (a clip, ``{"audio": samples, "sample_rate": Hz}``) runs the same
 conversation over the clip, as fast as the stages go; nothing is played, so every reply counts
 as heard.
@@ -77,6 +86,10 @@ from runtime.conversation import (
     TRANSCRIPT,
     TRANSCRIPT_PARTIAL,
     TURN_ENDED,
+    ConversationUpdate,
+    SpokenTurn,
+    StopReply,
+    TextTurn,
     TurnLatency,
     VoiceFrame,
     VoiceTurn,
@@ -127,6 +140,10 @@ _POST_ROLL_S: Final = 0.2
 
 class VoiceChatOptionsError(ConfigError):
     """The voice-chat pipeline or its options are not usable."""
+
+
+#: What a voice chat is fed: audio, or a turn, a stop or new settings of the caller's.
+_Fed = VoiceFrame | TextTurn | SpokenTurn | StopReply | ConversationUpdate
 
 
 class _ReplyStopped(Exception):
@@ -219,6 +236,9 @@ class _Reply:
     pieces: list[_Piece] = field(default_factory=list)
     #: Reply audio samples emitted (committed) and made.
     samples: int = 0
+    #: The language model's tokens: generated, and in the prompt (0 until reported).
+    tokens: int = 0
+    prompt_tokens: int = 0
     generating: bool = True
     done: bool = False
     ducked: bool = False
@@ -301,6 +321,8 @@ class VoiceChatProgram:
         # The model and the recogniser share the cores with the voice: one utterance at a time.
         self.speech.overlap = False
         self.sample_rate = self.speech.sample_rate
+        #: The voice the replies are spoken with.
+        self.voices = self.speech.voices
 
     def prepare(self, request_input: object) -> VoiceFrame:
         """A clip (``{"audio": samples, "sample_rate": Hz}``) -> one frame of 16 kHz audio."""
@@ -314,19 +336,29 @@ class VoiceChatProgram:
         rate = request_input.get("sample_rate", SAMPLE_RATE)
         return VoiceFrame(whisper.to_mono_16k(request_input["audio"], rate))
 
-    def prepare_chunk(self, chunk: object) -> VoiceFrame:
-        """A :class:`VoiceFrame`, or 16 kHz samples (a frame that reports no playback)."""
-        if isinstance(chunk, VoiceFrame):
+    def prepare_chunk(self, chunk: object) -> _Fed:
+        """A :class:`VoiceFrame`, or 16 kHz samples (a frame that reports no playback); a
+        :class:`TextTurn`, :class:`SpokenTurn`, :class:`StopReply` or
+        :class:`ConversationUpdate` as it is."""
+        if isinstance(chunk, VoiceFrame | TextTurn | SpokenTurn | StopReply):
+            return chunk
+        if isinstance(chunk, ConversationUpdate):
+            if chunk.turns is not None and not isinstance(chunk.turns, TurnSettings):
+                raise UsageError(
+                    f"a conversation update's turns is {type(chunk.turns).__name__}; accepted: "
+                    "TurnSettings or None"
+                )
             return chunk
         if isinstance(chunk, np.ndarray):
             return VoiceFrame(self.recogniser.prepare_chunk(chunk))
         raise UsageError(
             f"a voice chat is fed {type(chunk).__name__}; accepted: VoiceFrame values or 1-D "
-            f"float32 samples at {SAMPLE_RATE} Hz"
+            f"float32 samples at {SAMPLE_RATE} Hz, TextTurn, SpokenTurn, StopReply or "
+            "ConversationUpdate"
         )
 
     async def run(self, ctx: RequestContext, prepared: VoiceFrame) -> None:
-        async def one() -> AsyncIterator[VoiceFrame]:
+        async def one() -> AsyncIterator[_Fed]:
             yield prepared
 
         await _Conversation(self, ctx, played=False).run(one())
@@ -340,6 +372,7 @@ class _Conversation:
 
     def __init__(self, program: VoiceChatProgram, ctx: RequestContext, *, played: bool) -> None:
         self.program = program
+        self.options = program.options
         self.ctx = ctx
         #: Whether the caller reports playback; otherwise every reply counts as heard.
         self.played = played
@@ -364,7 +397,7 @@ class _Conversation:
 
     # ----------------------------------------------------------------- input
 
-    async def run(self, frames: AsyncIterator[VoiceFrame]) -> None:
+    async def run(self, frames: AsyncIterator[_Fed]) -> None:
         ctx = self.ctx
 
         async def call(inputs: dict[str, np.ndarray]) -> Mapping[str, np.ndarray]:
@@ -373,6 +406,9 @@ class _Conversation:
         try:
             async for frame in frames:
                 ctx.check_cancelled()
+                if not isinstance(frame, VoiceFrame):
+                    await self._instruction(frame)
+                    continue
                 if frame.reply is not None:
                     self.report = (frame.reply, frame.played_samples)
                 self._keep(frame.pcm)
@@ -406,6 +442,46 @@ class _Conversation:
                 "chunks": self.vad.chunks_scored,
             },
         )
+
+    async def _instruction(
+        self, fed: TextTurn | SpokenTurn | StopReply | ConversationUpdate
+    ) -> None:
+        if isinstance(fed, ConversationUpdate):
+            if fed.system_prompt is not None:
+                self.options = dataclasses.replace(self.options, system_prompt=fed.system_prompt)
+            if isinstance(fed.turns, TurnSettings):
+                self.detector.retune(fed.turns)
+                self.pre_roll = round(fed.turns.pre_roll_s * SAMPLE_RATE)
+        elif isinstance(fed, StopReply):
+            reply = self.reply
+            if reply is not None and self._playing(reply):
+                await self._interrupt(reply)
+                self.reply = None
+        else:
+            await self._typed_turn(fed)
+
+    async def _typed_turn(self, fed: TextTurn | SpokenTurn) -> None:
+        """The caller's own turn: the reply in progress is made to its end, then this one is
+        answered at once (committed: nothing is held)."""
+        if self.ahead is not None:
+            self.discarded += 1
+            await self._stop(self.ahead)
+            self.ahead = None
+        reply = self.reply
+        if reply is not None:
+            if reply.task is not None:
+                await asyncio.gather(reply.task, return_exceptions=True)
+                self._check(reply)
+            self._close_turn(reply)
+        self.turn += 1
+        now = self.detector.position
+        turn = _Reply(turn=self.turn, start=now, end=now, committed=True)
+        turn.committed_at = time.perf_counter()
+        self.reply = turn
+        if isinstance(fed, TextTurn):
+            turn.task = asyncio.ensure_future(self._work(turn, None, text=fed.text.strip()))
+        else:
+            turn.task = asyncio.ensure_future(self._work(turn, fed.pcm))
 
     def _keep(self, pcm: np.ndarray) -> None:
         self.parts.append(pcm)
@@ -594,7 +670,7 @@ class _Conversation:
         )
 
     def _messages(self, user: str) -> list[ChatMessage]:
-        return prompt_messages(self.turns, self.program.options, user)
+        return prompt_messages(self.turns, self.options, user)
 
     # ----------------------------------------------------------------- one reply
 
@@ -624,9 +700,13 @@ class _Conversation:
         )
         await self.ctx.emit(outputs, stage=stage, text=text)
 
-    async def _work(self, reply: _Reply, audio: np.ndarray) -> None:
-        """Transcribe the turn's speech, then generate and speak the reply."""
-        reply.user = (await self._transcribe(reply, audio)).strip()
+    async def _work(self, reply: _Reply, audio: np.ndarray | None, *, text: str = "") -> None:
+        """Transcribe the turn's speech (or take the typed ``text``), then generate and speak
+        the reply."""
+        if audio is None:
+            reply.user = text
+        else:
+            reply.user = (await self._transcribe(reply, audio)).strip()
         reply.transcribed_at = time.perf_counter()
         if reply.stopped:
             raise _ReplyStopped
@@ -643,7 +723,13 @@ class _Conversation:
         reply.done = True
         await self._out(
             reply,
-            {"event": REPLY_DONE, "turn": reply.turn, "samples": reply.samples},
+            {
+                "event": REPLY_DONE,
+                "turn": reply.turn,
+                "samples": reply.samples,
+                "tokens": reply.tokens,
+                "prompt_tokens": reply.prompt_tokens,
+            },
             reply.text,
         )
 
@@ -682,6 +768,8 @@ class _Conversation:
                 async for text in stream:
                     if reply.stopped:
                         raise _ReplyStopped
+                    reply.tokens = stream.tokens
+                    reply.prompt_tokens = stream.prompt_tokens or 0
                     reply.text += text
                     await self._out(reply, {"event": REPLY_TEXT, "turn": reply.turn}, text)
                     for piece in chunker.feed(text):
@@ -689,6 +777,8 @@ class _Conversation:
                         pieces.put_nowait(piece)
                     if speaker.done():
                         break
+                reply.tokens = stream.tokens
+                reply.prompt_tokens = stream.prompt_tokens or 0
             if speaker.done():
                 await speaker
             for piece in chunker.finish():

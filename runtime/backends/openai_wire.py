@@ -338,6 +338,9 @@ def completion_body(model: str, prompt: str | Sequence[int], sampling: SamplingS
     }
     if sampling.seed is not None:
         body["seed"] = sampling.seed
+    if sampling.structured_output is not None:
+        # OpenAI's shape, which vLLM's server also takes on /v1/completions.
+        body["response_format"] = sampling.structured_output.to_response_format()
     return json.dumps(body, ensure_ascii=False).encode("utf-8")
 
 

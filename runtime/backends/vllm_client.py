@@ -60,6 +60,7 @@ from runtime.contracts.llm_messages import (
     decode_llm_message,
 )
 from runtime.contracts.messages import ByeMessage, MessageError
+from runtime.contracts.structured import UNSUPPORTED_STRUCTURED_OUTPUT
 from runtime.envs.manager import envs_root
 from runtime.errors import (
     ConfigError,
@@ -69,6 +70,7 @@ from runtime.errors import (
     RequestCancelled,
     ResourceUnavailable,
     StageRetired,
+    StructuredOutputUnsupported,
     UsageError,
     WorkerDied,
 )
@@ -553,11 +555,13 @@ class VllmStageClient(WorkerStageClient[LlmReadyMessage]):
         if request is None or request.key.epoch != message.epoch:
             return
         self._end(request)
-        failure: OmniError = (
-            ResourceUnavailable(f"{self.name}: {message.message}")
-            if message.code == "busy"
-            else ModelError(f"{self.name}: {message.code}: {message.message}")
-        )
+        failure: OmniError
+        if message.code == "busy":
+            failure = ResourceUnavailable(f"{self.name}: {message.message}")
+        elif message.code == UNSUPPORTED_STRUCTURED_OUTPUT:
+            failure = StructuredOutputUnsupported(f"{self.name}: {message.message}")
+        else:
+            failure = ModelError(f"{self.name}: {message.code}: {message.message}")
         request.put(failure)
 
     def _log_failure(self, error: OmniError) -> None:

@@ -35,6 +35,7 @@ from .messages import (
     _check_str,
     _set,
 )
+from .structured import StructuredOutput
 
 if TYPE_CHECKING:
     from .codec import Frame
@@ -184,6 +185,8 @@ class SamplingSpec:
     ``top_k`` 0 and ``top_p`` 1.0 disable those filters. ``seed`` makes random sampling
     repeatable per request. ``stop`` strings end the output (they are not included);
     ``ignore_eos`` keeps generating past the end-of-sequence token until ``max_tokens``.
+    ``structured_output`` constrains the reply to JSON (see :mod:`.structured`); on the wire
+    it is left out when null, so a body without it still reads.
     """
 
     max_tokens: int = 64
@@ -195,6 +198,7 @@ class SamplingSpec:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         where = "sampling"
@@ -214,18 +218,36 @@ class SamplingSpec:
         _set(self, "stop", _check_strs(where, "stop", self.stop))
         _set(self, "stop_token_ids", _check_ints(where, "stop_token_ids", self.stop_token_ids))
         _check_bool(where, "ignore_eos", self.ignore_eos)
+        structured: object = self.structured_output
+        if structured is not None and not isinstance(structured, StructuredOutput):
+            _set(
+                self,
+                "structured_output",
+                StructuredOutput.from_wire(structured, f"{where}.structured_output"),
+            )
 
     def to_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {}
         for name in _field_names(type(self)):
             value = getattr(self, name)
-            wire[name] = list(value) if isinstance(value, tuple) else value
+            if isinstance(value, StructuredOutput):
+                wire[name] = value.to_wire()
+            elif value is None and name == _OPTIONAL_SAMPLING:
+                continue
+            else:
+                wire[name] = list(value) if isinstance(value, tuple) else value
         return wire
 
     @classmethod
     def from_wire(cls, wire: object, where: str = "sampling") -> SamplingSpec:
+        if isinstance(wire, Mapping) and _OPTIONAL_SAMPLING not in wire:
+            wire = {**wire, _OPTIONAL_SAMPLING: None}
         body = _strict_mapping(where, wire, _field_names(cls))
         return cls(**dict(body))
+
+
+#: The sampling field a wire body may leave out (null).
+_OPTIONAL_SAMPLING: Final = "structured_output"
 
 
 class LlmMessage(Message):

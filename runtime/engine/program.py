@@ -30,6 +30,7 @@ from runtime.chat import ChatMessage, parse_messages
 from runtime.config import LlmBackendConfig, resolve_callable
 from runtime.contracts.llm_messages import SamplingSpec
 from runtime.contracts.messages import MessageError
+from runtime.contracts.structured import ResponseFormatError, structured_option
 from runtime.engine.inputs import InputStream, concatenated_chunks
 from runtime.engine.outputs import OmniRequestOutput
 from runtime.engine.stages import GraphStage, LlmStage, StageHandle
@@ -76,7 +77,8 @@ EmitHook = Callable[[Emitted], Awaitable[None]]
 def sampling_with(
     defaults: SamplingSpec, options: Mapping[str, Any], *, where: str
 ) -> SamplingSpec:
-    """``defaults`` with ``options`` (fields of :class:`SamplingSpec`) replaced, checked."""
+    """``defaults`` with ``options`` (fields of :class:`SamplingSpec`) replaced, checked
+    (``structured_output`` may also be OpenAI's ``response_format`` object)."""
     unknown = sorted(set(options) - set(SAMPLING_OPTIONS))
     if unknown:
         raise UsageError(
@@ -90,8 +92,10 @@ def sampling_with(
         # A shorter answer than the default minimum was asked for: the default gives way.
         values["min_tokens"] = max(0, wanted)
     try:
+        if "structured_output" in values:
+            values["structured_output"] = structured_option(values["structured_output"])
         return dataclasses.replace(defaults, **values)
-    except (MessageError, TypeError) as exc:
+    except (MessageError, TypeError, ResponseFormatError) as exc:
         raise UsageError(f"{where}: {exc}") from None
 
 

@@ -7,12 +7,18 @@
 - ``POST /v1/audio/transcriptions``: transcription pipelines, OpenAI's multipart form in;
   json, text, verbose_json, srt or vtt out, or server-sent transcript events
   (:mod:`runtime.serve.transcriptions`).
+- ``POST /v1/embeddings``: embedding pipelines, OpenAI's request and answer
+  (:mod:`runtime.serve.embeddings`).
 - ``POST /v1/omni/run``: graph pipelines, an ``.npz`` in and an ``.npz`` out
   (``?model=NAME``).
 - ``GET /v1/omni/pipelines``: each pipeline's state and the requests holding its slots.
 
-Admission is the runtime's: a busy pipeline answers 429 with ``Retry-After``. A client that
-disconnects cancels its request through the pipeline's session at once.
+- ``GET /metrics``: Prometheus metrics (:mod:`runtime.serve.metrics`).
+
+Admission is the runtime's; a request to a busy pipeline waits in the pipeline's bounded FIFO
+queue (:mod:`runtime.serve.queueing`), and only a full queue answers 429 with
+``Retry-After``. A client that disconnects leaves the queue, or cancels its request through
+the pipeline's session, at once.
 """
 
 from __future__ import annotations
@@ -34,14 +40,25 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 
+from runtime.adapters.embed import EmbeddingInputError
 from runtime.api import AudioChunk
 from runtime.audio.reader import TARGET_RATE
 from runtime.errors import OmniError
+from runtime.serve.embeddings import (
+    collect_embeddings,
+    embeddings_body,
+    parse_embedding_request,
+)
+from runtime.serve.endpoints import PATHS
 from runtime.serve.errors import AUTHENTICATION, NOT_FOUND, ApiError, from_runtime_error, invalid
 from runtime.serve.limits import ServeLimits
-from runtime.serve.registry import CHAT, GRAPH, SPEECH, TRANSCRIPTION, Submitted
+from runtime.serve.metrics import CONTENT_TYPE as METRICS_MEDIA
+from runtime.serve.metrics import ServeMetrics
+from runtime.serve.queueing import DEFAULT_MAX_QUEUE, AdmissionQueue
+from runtime.serve.realtime import RealtimeEndpoint
+from runtime.serve.registry import CHAT, EMBEDDING, GRAPH, SPEECH, TRANSCRIPTION, Submitted
 from runtime.serve.requests import (
     decode_json,
     dump_npz,
@@ -61,7 +78,7 @@ from runtime.serve.transcriptions import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
 
-    from starlette.requests import Request
+    from starlette.requests import HTTPConnection, Request
     from starlette.types import Receive, Scope, Send
 
     from runtime.api import OmniRequestOutput
@@ -99,6 +116,8 @@ class ServeStats:
         self._recent: deque[ServedRequest] = deque(maxlen=RECENT)
         self.total = 0
         self.listener: Callable[[ServedRequest], None] | None = None
+        #: Hears a pipeline's queue depth (name, depth) whenever it changes.
+        self.queue_listener: Callable[[str, int], None] | None = None
 
     def record(self, served: ServedRequest) -> None:
         with self._lock:
@@ -111,6 +130,11 @@ class ServeStats:
     def recent(self) -> list[ServedRequest]:
         with self._lock:
             return list(self._recent)
+
+    def record_queue(self, name: str, depth: int) -> None:
+        listener = self.queue_listener
+        if listener is not None:
+            listener(name, depth)
 
 
 class ClientGone(Exception):
@@ -132,6 +156,15 @@ class _ClosingStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._submitted.close()
+
+
+def _has_room(pipeline: ServedPipeline) -> bool:
+    """Whether the pipeline would admit a request now, by its count of requests admitted and
+    not wound up (a pipeline that is not ready answers for itself: its 503)."""
+    status = pipeline.status()
+    if status.state != "ready":
+        return True
+    return status.in_flight < status.concurrency + status.max_queued
 
 
 def _error_response(error: ApiError) -> JSONResponse:
@@ -250,20 +283,36 @@ class ServeApp:
         api_key: str | None = None,
         limits: ServeLimits | None = None,
         stats: ServeStats | None = None,
+        max_queue: int = DEFAULT_MAX_QUEUE,
     ) -> None:
         self.registry = registry
         self.limits = limits or ServeLimits()
         self.stats = stats or ServeStats()
+        #: Each pipeline's queue of requests waiting for it (``--max-queue``).
+        self.queues = {
+            name: AdmissionQueue(
+                name,
+                max_queue,
+                pipeline.events,
+                has_room=functools.partial(_has_room, pipeline),
+                on_change=self.stats.record_queue,
+            )
+            for name, pipeline in registry.pipelines.items()
+        }
+        self.metrics = ServeMetrics(self._live)
         self._api_key = api_key.encode() if api_key else None
         self.created = int(time.time())
         routes = [
             Route("/v1/models", self._wrap(self.models), methods=["GET"]),
             Route("/v1/models/{model:path}", self._wrap(self.model), methods=["GET"]),
             Route("/v1/chat/completions", self._wrap(self.chat), methods=["POST"]),
+            Route("/v1/embeddings", self._wrap(self.embeddings), methods=["POST"]),
             Route("/v1/audio/speech", self._wrap(self.speech), methods=["POST"]),
             Route("/v1/audio/transcriptions", self._wrap(self.transcriptions), methods=["POST"]),
             Route("/v1/omni/run", self._wrap(self.graph_run), methods=["POST"]),
             Route("/v1/omni/pipelines", self._wrap(self.pipelines), methods=["GET"]),
+            Route("/metrics", self._wrap(self.prometheus), methods=["GET"]),
+            WebSocketRoute("/v1/realtime", RealtimeEndpoint(registry, self._check_key).serve),
         ]
         self.asgi = Starlette(
             routes=routes, exception_handlers={HTTPException: self._http_exception}
@@ -276,8 +325,7 @@ class ServeApp:
         if exc.status_code == 404:
             error = ApiError(
                 404,
-                f"no endpoint {request.url.path}; accepted: /v1/models, /v1/chat/completions, "
-                "/v1/audio/speech, /v1/audio/transcriptions, /v1/omni/run, /v1/omni/pipelines",
+                f"no endpoint {request.url.path}; accepted: {', '.join(PATHS)}",
                 type=NOT_FOUND,
                 code="unknown_url",
             )
@@ -285,7 +333,7 @@ class ServeApp:
             error = ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
         return _error_response(error)
 
-    def _check_key(self, request: Request) -> None:
+    def _check_key(self, request: HTTPConnection) -> None:
         if self._api_key is None:
             return
         header = request.headers.get("authorization", "")
@@ -325,16 +373,18 @@ class ServeApp:
                 status = 499
                 return Response(status_code=499)
             finally:
-                self.stats.record(
-                    ServedRequest(
-                        request.method,
-                        request.url.path,
-                        request.scope.get("omni.model"),
-                        status,
-                        time.perf_counter() - started,
-                        time.time(),
-                    )
+                served = ServedRequest(
+                    request.method,
+                    request.url.path,
+                    request.scope.get("omni.model"),
+                    status,
+                    time.perf_counter() - started,
+                    time.time(),
                 )
+                self.stats.record(served)
+                route = request.scope.get("route")
+                endpoint = getattr(route, "path", request.url.path)
+                self.metrics.request(endpoint, served.model, status, served.duration_s)
 
         return endpoint
 
@@ -351,9 +401,33 @@ class ServeApp:
             )
         return pipeline
 
-    async def _submit(self, pipeline: ServedPipeline, inputs: Any) -> Submitted:
-        # Preparing a request (phonemizing, converting arrays) runs off the server's loop.
-        return await asyncio.get_running_loop().run_in_executor(None, pipeline.submit, inputs)
+    async def _submit(
+        self, pipeline: ServedPipeline, inputs: Any, request: Request | None = None
+    ) -> Submitted:
+        """Admit a request, waiting in the pipeline's queue while it is busy (429 when the
+        queue is full); with ``request``, a client that disconnects meanwhile leaves the
+        queue at once (ClientGone)."""
+        queue = self.queues.get(pipeline.name)
+        if queue is None:
+            # Not served by this application's registry when it started: no queue.
+            return await asyncio.get_running_loop().run_in_executor(None, pipeline.submit, inputs)
+        admission = queue.admit(functools.partial(pipeline.submit, inputs))
+        if request is None:
+            return await admission
+        return await _unless_disconnected(request, admission)
+
+    def _live(self) -> list[tuple[str, int, int]]:
+        """Each pipeline's name, requests queued and requests in flight (any thread)."""
+        return [
+            (name, queue.depth, pipeline.status().in_flight)
+            for name, pipeline in list(self.registry.pipelines.items())
+            if (queue := self.queues.get(name)) is not None
+        ]
+
+    def close_queues(self, reason: str = "the server stopped") -> None:
+        """Fail every queued request with a 503 and queue no more (any thread)."""
+        for queue in self.queues.values():
+            queue.close(reason)
 
     # -- endpoints ---------------------------------------------------------------------
 
@@ -376,8 +450,18 @@ class ServeApp:
         return JSONResponse(self._model_entry(self.registry.get(name)))
 
     async def pipelines(self, request: Request) -> Response:
-        statuses = [p.status().to_json() for p in self.registry.pipelines.values()]
+        statuses = []
+        for name, pipeline in self.registry.pipelines.items():
+            entry = pipeline.status().to_json()
+            queue = self.queues.get(name)
+            entry["queued"] = queue.depth if queue is not None else 0
+            entry["max_queue"] = queue.max_queue if queue is not None else 0
+            statuses.append(entry)
         return JSONResponse({"object": "list", "data": statuses})
+
+    async def prometheus(self, request: Request) -> Response:
+        # Open like the other endpoints when the server has no key; with one, it needs it.
+        return Response(self.metrics.exposition(), media_type=METRICS_MEDIA)
 
     async def chat(self, request: Request) -> Response:
         document = decode_json(await _read_body(request, self.limits.max_json_bytes, "JSON"))
@@ -398,13 +482,18 @@ class ServeApp:
             # The pipeline renders the turns with its model's template (chat-speak speaks the
             # reply as well); a conversation ending otherwise goes as the rendered text.
             turns = [message.to_json() for message in chat.messages]
-            submitted = await self._submit(pipeline, {"messages": turns, **chat.sampling})
+            submitted = await self._submit(pipeline, {"messages": turns, **chat.sampling}, request)
         else:
-            submitted = await self._submit(pipeline, {"text": prompt, **chat.sampling})
+            submitted = await self._submit(pipeline, {"text": prompt, **chat.sampling}, request)
         completion_id = f"chatcmpl-{submitted.request_id}"
         if chat.stream:
+            peeked: list[OmniRequestOutput | None] = []
+            if "structured_output" in chat.sampling:
+                # A constraint the model cannot honour fails its first output: refused with
+                # a 400 before the stream starts.
+                peeked.append(await self._first_output(request, submitted))
             return _ClosingStream(
-                self._chat_chunks(chat, submitted, completion_id),
+                self._chat_chunks(chat, submitted, completion_id, peeked),
                 submitted,
                 "text/event-stream",
             )
@@ -412,6 +501,10 @@ class ServeApp:
             text, final = await _unless_disconnected(request, self._chat_text(submitted))
         finally:
             submitted.close()
+        usage = _usage(final, _prompt_tokens(final))
+        self.metrics.tokens(
+            chat.model, prompt=usage["prompt_tokens"], completion=usage["completion_tokens"]
+        )
         return JSONResponse(
             {
                 "id": completion_id,
@@ -426,7 +519,7 @@ class ServeApp:
                         "logprobs": None,
                     }
                 ],
-                "usage": _usage(final, _prompt_tokens(final)),
+                "usage": usage,
             }
         )
 
@@ -441,9 +534,23 @@ class ServeApp:
                 parts.append(output.text)
         return "".join(parts), final
 
+    @staticmethod
+    async def _first_output(request: Request, submitted: Submitted) -> OmniRequestOutput | None:
+        """The request's first output; the request is closed if it fails instead."""
+        try:
+            return await _unless_disconnected(request, submitted.next())
+        except BaseException:
+            submitted.close()
+            raise
+
     async def _chat_chunks(
-        self, chat: ChatRequest, submitted: Submitted, completion_id: str
+        self,
+        chat: ChatRequest,
+        submitted: Submitted,
+        completion_id: str,
+        peeked: list[OmniRequestOutput | None],
     ) -> AsyncIterator[bytes]:
+        """The stream's events; ``peeked`` holds the first output when it was read already."""
         created = int(time.time())
 
         def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
@@ -458,7 +565,7 @@ class ServeApp:
         yield _sse(chunk({"role": "assistant", "content": ""}, None))
         final = None
         try:
-            while (output := await submitted.next()) is not None:
+            while (output := peeked.pop() if peeked else await submitted.next()) is not None:
                 if output.finished:
                     final = output
                 elif output.text:
@@ -468,10 +575,14 @@ class ServeApp:
             yield b"data: [DONE]\n\n"
             return
         yield _sse(chunk({}, _finish_reason(final)))
+        usage = _usage(final, _prompt_tokens(final))
+        self.metrics.tokens(
+            chat.model, prompt=usage["prompt_tokens"], completion=usage["completion_tokens"]
+        )
         if chat.include_usage:
             document = chunk({}, None)
             document["choices"] = []
-            document["usage"] = _usage(final, _prompt_tokens(final))
+            document["usage"] = usage
             yield _sse(document)
         yield b"data: [DONE]\n\n"
 
@@ -481,20 +592,25 @@ class ServeApp:
         speech = parse_speech_request(document, self.limits, voices)
         pipeline = self._pipeline(request, speech.model, SPEECH)
         rate = pipeline.sample_rate
-        submitted = await self._submit(pipeline, speech.input)
+        submitted = await self._submit(pipeline, speech.input, request)
         media = "audio/wav" if speech.response_format == "wav" else "audio/pcm"
         return _ClosingStream(
             self._audio(submitted, rate, wav=speech.response_format == "wav"), submitted, media
         )
 
-    @staticmethod
-    async def _audio(submitted: Submitted, rate: int, *, wav: bool) -> AsyncIterator[bytes]:
+    async def _audio(self, submitted: Submitted, rate: int, *, wav: bool) -> AsyncIterator[bytes]:
         if wav:
             yield wav_header(rate)
-        while (output := await submitted.next()) is not None:
-            chunk = AudioChunk.from_output(output)
-            if chunk is not None and chunk.pcm.size:
-                yield _pcm16(chunk.pcm)
+        samples = 0
+        try:
+            while (output := await submitted.next()) is not None:
+                chunk = AudioChunk.from_output(output)
+                if chunk is not None and chunk.pcm.size:
+                    samples += chunk.pcm.size
+                    yield _pcm16(chunk.pcm)
+        finally:
+            # What was produced, also when the client left before the end.
+            self.metrics.audio(submitted.pipeline.name, "out", samples / rate)
 
     async def transcriptions(self, request: Request) -> Response:
         form = await read_transcription_form(request, self.limits.max_audio_bytes)
@@ -506,7 +622,10 @@ class ServeApp:
         finally:
             # The upload's temporary file goes as soon as the audio is decoded.
             await form.close()
-        submitted = await self._submit(pipeline, {"audio": audio, "sample_rate": TARGET_RATE})
+        submitted = await self._submit(
+            pipeline, {"audio": audio, "sample_rate": TARGET_RATE}, request
+        )
+        self.metrics.audio(pipeline.name, "in", audio.size / TARGET_RATE)
         del audio
         if transcription.stream:
             return _ClosingStream(transcript_events(submitted), submitted, "text/event-stream")
@@ -518,6 +637,22 @@ class ServeApp:
         if media is None:
             return JSONResponse(body)
         return Response(body, media_type=media)
+
+    async def embeddings(self, request: Request) -> Response:
+        document = decode_json(await _read_body(request, self.limits.max_json_bytes, "JSON"))
+        embedding = parse_embedding_request(document)
+        pipeline = self._pipeline(request, embedding.model, EMBEDDING)
+        try:
+            submitted = await self._submit(pipeline, embedding.pipeline_input(), request)
+        except EmbeddingInputError as refused:
+            # The pipeline's own limits (texts, their length, its size) name the field.
+            raise invalid(str(refused), param=refused.param) from None
+        try:
+            result = await _unless_disconnected(request, collect_embeddings(submitted))
+        finally:
+            submitted.close()
+        self.metrics.tokens(embedding.model, prompt=result.prompt_tokens, completion=0)
+        return JSONResponse(embeddings_body(embedding, result))
 
     async def graph_run(self, request: Request) -> Response:
         name = request.query_params.get("model")
@@ -531,7 +666,7 @@ class ServeApp:
             )
         pipeline = self._pipeline(request, name, GRAPH)
         inputs = load_npz(await _read_body(request, self.limits.max_npz_bytes, ".npz"))
-        submitted = await self._submit(pipeline, inputs)
+        submitted = await self._submit(pipeline, inputs, request)
         try:
             body = await _unless_disconnected(request, self._graph_outputs(submitted))
         finally:

@@ -17,6 +17,7 @@ from runtime.errors import (
     RequestCancelled,
     ResourceUnavailable,
     StageRetired,
+    StructuredOutputUnsupported,
     UsageError,
 )
 
@@ -85,6 +86,8 @@ def from_runtime_error(exc: OmniError) -> ApiError:
             code="pipeline_busy",
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
+    if isinstance(exc, StructuredOutputUnsupported):
+        return ApiError(400, message, param=exc.param, code="unsupported_response_format")
     if isinstance(exc, (UsageError, ConfigError)):
         return ApiError(400, message, code="invalid_input")
     if isinstance(exc, ModelError) and BAD_INPUT in message:

@@ -39,27 +39,36 @@ CHAT: Final = "chat"
 SPEECH: Final = "speech"
 GRAPH: Final = "graph"
 TRANSCRIPTION: Final = "transcription"
-KINDS: Final = (CHAT, SPEECH, GRAPH, TRANSCRIPTION)
+EMBEDDING: Final = "embedding"
+#: A spoken conversation (the voice-chat adapter), served over ``/v1/realtime``.
+REALTIME: Final = "realtime"
+KINDS: Final = (CHAT, SPEECH, GRAPH, TRANSCRIPTION, EMBEDDING, REALTIME)
 #: How long a cancelled request may take to be wound up before its stages are looked at.
 SETTLE_S: Final = 30.0
 
 
 def pipeline_kind(config: PipelineConfig) -> str:
     """``chat`` (a language-model stage), ``speech`` (the speech adapter), ``transcription``
-    (the transcription adapter) or ``graph`` (tensors in, tensors out); UsageError for a
-    pipeline none of the endpoints can drive."""
+    (the transcription adapter), ``embedding`` (the embedding adapter) or ``graph`` (tensors
+    in, tensors out), ``realtime`` (the voice-chat adapter, checked first: it has a
+    language-model stage); UsageError for a pipeline none of the endpoints can drive."""
+    if config.adapter is not None and config.adapter.name.endswith(":VoiceChatProgram"):
+        return REALTIME
     if any(isinstance(stage.backend, LlmBackendConfig) for stage in config.stages):
         return CHAT
     if config.adapter is not None and config.adapter.name.endswith(":SpeechAdapter"):
         return SPEECH
     if config.adapter is not None and config.adapter.name.endswith(":TranscribeAdapter"):
         return TRANSCRIPTION
+    if config.adapter is not None and config.adapter.name.endswith(":EmbeddingAdapter"):
+        return EMBEDDING
     if input_kind(config) == TENSOR_INPUT:
         return GRAPH
     raise UsageError(
         f"pipeline {config.pipeline} ({config.source}) cannot be served: accepted: a pipeline "
         "with a language-model stage (chat), the speech adapter (speech), the transcription "
-        "adapter (transcription) or tensors in (graph)"
+        "adapter (transcription), the embedding adapter (embedding), the voice-chat adapter "
+        "(realtime) or tensors in (graph)"
     )
 
 
@@ -201,12 +210,13 @@ class ServedPipeline:
     @property
     def voices(self) -> tuple[str, ...]:
         options = self._options()
-        return options.voices if options is not None and self.kind == SPEECH else ()
+        speaks = self.kind in (SPEECH, REALTIME)
+        return options.voices if options is not None and speaks else ()
 
     @property
     def sample_rate(self) -> int:
         options = self._options()
-        if options is None or self.kind != SPEECH or options.sample_rate is None:
+        if options is None or self.kind not in (SPEECH, REALTIME) or options.sample_rate is None:
             raise UsageError(f"pipeline {self.name} does not speak")
         return options.sample_rate
 
@@ -250,15 +260,16 @@ class ServedPipeline:
 
     # -- requests ----------------------------------------------------------------------
 
-    def submit(self, inputs: Any) -> Submitted:
+    def submit(self, inputs: Any, *, streaming: bool = False) -> Submitted:
         """Admit a request (any thread) or raise: the runtime's errors, or a 503 while the
-        pipeline is being recreated or closed."""
+        pipeline is being recreated or closed. ``streaming``: a duplex request, fed through
+        ``Submitted.handle``."""
         with self._lock:
             session, state = self._session, self._state
         if session is None or state != "ready":
             raise self._unavailable(state)
         try:
-            handle = session.submit(inputs)
+            handle = session.submit(inputs, streaming=streaming)
         except UsageError:
             if not session.loaded:
                 # Closed under this request by a restart or the server stopping.
@@ -338,10 +349,13 @@ class PipelineRegistry:
         self.pipelines: dict[str, ServedPipeline] = {}
         for path in paths:
             if not isinstance(path, PipelineConfig):
+                from runtime.adapters.embed_bundle import export_missing_embedders
                 from runtime.adapters.whisper_export import export_missing_recognisers
 
-                # A speech recogniser a pipeline names is made on first use, before it loads.
+                # A speech recogniser or an embedder a pipeline names is made on first use,
+                # before it loads.
                 export_missing_recognisers(Path(path), progress or (lambda line: None))
+                export_missing_embedders(Path(path), progress or (lambda line: None))
         configs = [
             path if isinstance(path, PipelineConfig) else load_pipeline(Path(path))
             for path in paths

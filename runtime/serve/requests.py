@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from runtime.chat import ROLES, ChatMessage
+from runtime.contracts.structured import ResponseFormatError, parse_response_format
 from runtime.serve.errors import invalid
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ CHAT_FIELDS: Final = (
     "stop",
     "seed",
     "n",
+    "response_format",
 )
 IGNORED_CHAT_FIELDS: Final = ("user", "presence_penalty", "frequency_penalty", "logit_bias")
 SPEECH_FIELDS: Final = ("model", "input", "voice", "response_format", "speed", "instructions")
@@ -232,6 +234,13 @@ def parse_chat_request(document: Mapping[str, Any], limits: ServeLimits) -> Chat
                 param="stop",
             )
         sampling["stop"] = tuple(stops)
+    if document.get("response_format") is not None:
+        try:
+            structured = parse_response_format(document["response_format"])
+        except ResponseFormatError as exc:
+            raise invalid(str(exc), param=exc.param) from None
+        if structured is not None:
+            sampling["structured_output"] = structured
     return ChatRequest(model, tuple(messages), stream, include_usage, sampling)
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Final
 from runtime.errors import UsageError
 from runtime.serve.app import ServeApp, ServeStats
 from runtime.serve.limits import ServeLimits
+from runtime.serve.queueing import DEFAULT_MAX_QUEUE
 from runtime.serve.registry import PipelineRegistry
 
 if TYPE_CHECKING:
@@ -37,6 +38,8 @@ log = logging.getLogger("omni.serve")
 
 DEFAULT_HOST: Final = "127.0.0.1"
 DEFAULT_PORT: Final = 8080
+#: The most requests ``--max-queue`` lets wait for one pipeline.
+MAX_QUEUE_LIMIT: Final = 10_000
 #: How long a background server may take to bind, and to stop.
 START_TIMEOUT_S: Final = 30.0
 STOP_TIMEOUT_S: Final = 30.0
@@ -75,16 +78,23 @@ def resolve_api_key(host: str, api_key_env: str | None) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class ServeOptions:
-    """Where to listen and what to require. ``port`` 0 picks a free port."""
+    """Where to listen and what to require. ``port`` 0 picks a free port; ``max_queue``
+    requests may wait for each busy pipeline (0: none, a busy pipeline answers 429)."""
 
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     api_key: str | None = None
     limits: ServeLimits = field(default_factory=ServeLimits)
+    max_queue: int = DEFAULT_MAX_QUEUE
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise UsageError(f"--port {self.port}; accepted: 0 to 65535 (0: a free port)")
+        if not 0 <= self.max_queue <= MAX_QUEUE_LIMIT:
+            raise UsageError(
+                f"--max-queue {self.max_queue}; accepted: 0 (no queue: a busy pipeline answers "
+                f"429 at once) to {MAX_QUEUE_LIMIT} requests waiting per pipeline"
+            )
         if self.api_key is None and not is_loopback(self.host):
             raise UsageError(
                 f"host {self.host} is not a loopback address; accepted: an API key with it"
@@ -141,6 +151,7 @@ class OmniServer:
         self._progress = progress
         self.stats = ServeStats()
         self.registry: PipelineRegistry | None = None
+        self.app: ServeApp | None = None
         self._socket: socket.socket | None = None
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -172,7 +183,9 @@ class OmniServer:
                 api_key=self.options.api_key,
                 limits=self.options.limits,
                 stats=self.stats,
+                max_queue=self.options.max_queue,
             )
+            self.app = app
             self._server = _uvicorn_server(app)
         except BaseException:
             self.close()
@@ -228,6 +241,9 @@ class OmniServer:
                 return
             self._closed = True
         server, thread = self._server, self._thread
+        if self.app is not None:
+            # Queued requests get their 503 now rather than wait out the HTTP server's stop.
+            self.app.close_queues()
         if server is not None:
             server.should_exit = True
         if thread is not None and thread is not threading.current_thread():

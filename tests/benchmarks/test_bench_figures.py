@@ -236,6 +236,13 @@ def test_the_suite_declares_every_figure_of_the_issue() -> None:
         "serve.latency_p50",
         "serve.latency_p99",
         "serve.answered",
+        "serve.declared_429",
+        "serve.chat_streams",
+        "serve.chat_latency_p50",
+        "serve.chat_latency_p99",
+        "serve.speech_clients",
+        "serve.speech_latency_p50",
+        "serve.speech_latency_p99",
         "memory.add",
         "memory.mlp_chain",
     ):

@@ -160,23 +160,34 @@ def test_the_archive_unpacks_to_the_application_with_its_desktop_entry_and_icons
         assert needed in files, needed
     icu_data = internal / "PySide6" / "Qt" / "lib" / "libicudata.so.73"
     assert icu_data.stat().st_size <= ICU_DATA_LIMIT_BYTES
-    # Every demo the application runs by itself; none that needs a managed environment or
-    # the speech recogniser (made from a wheel the application does not carry).
+    # Every demo the application runs by itself; none that needs a managed environment, the
+    # speech recogniser or the sentence embedder (made from wheels the application does not
+    # carry).
     shipped = sorted(p.name for p in (internal / "assets" / "pipelines").glob("*.yaml"))
     runnable = sorted(
         p.name
         for p in (REPO / "assets" / "pipelines").glob("*.yaml")
         if "interpreter: env:" not in (text := p.read_text(encoding="utf-8"))
         and "${data}/recognisers/" not in text
+        and "${data}/embedders/" not in text
     )
     assert "transcribe.yaml" not in shipped
+    assert "embed.yaml" not in shipped
     assert shipped == runnable
     unwanted = [
         name
         for name in files
         if any(
             word in name.lower()
-            for word in ("torch", "vllm", "translations/", "libqgtk3", "libgtk", "qtnetwork")
+            for word in (
+                "torch",
+                "vllm",
+                "translations/",
+                "libqgtk3",
+                "libgtk",
+                "qtnetwork",
+                "tokenizers",
+            )
         )
         or name.endswith(("ru_dict", "/libonnxruntime.so.1.32.0"))
         # Only the voice export needs these: the original voice and onnx with its dependencies.

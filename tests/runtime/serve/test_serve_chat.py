@@ -50,7 +50,10 @@ stages:
 """,
         encoding="utf-8",
     )
-    process = ServeProcess([pipeline], start_timeout_s=START_TIMEOUT_S)
+    # No server queue: a request beyond max_num_seqs is refused at once (see the 429 test).
+    process = ServeProcess(
+        [pipeline], start_timeout_s=START_TIMEOUT_S, extra_args=("--max-queue", "0")
+    )
     try:
         yield process
     finally:

@@ -52,7 +52,9 @@ def server(
         name="loop_queued",
         max_queued=1,
     )
-    process = ServeProcess([add, loop, queued, speak_pipeline])
+    # No server queue: these tests see the runtime's own admission (429 at once, the
+    # pipeline's max_queued); tests/runtime/serve/test_serve_queue.py covers the queue.
+    process = ServeProcess([add, loop, queued, speak_pipeline], extra_args=("--max-queue", "0"))
     try:
         yield process
     finally:

@@ -76,7 +76,11 @@ def clips() -> dict[str, bytes]:
 def server(data_dir: Path) -> Iterator[ServeProcess]:
     # The recogniser is exported by the server on first use, before the pipeline loads.
     process = ServeProcess(
-        [PIPELINE], env={"OMNI_EDGE_DATA_DIR": str(data_dir)}, start_timeout_s=400
+        [PIPELINE],
+        env={"OMNI_EDGE_DATA_DIR": str(data_dir)},
+        start_timeout_s=400,
+        # No server queue: a busy pipeline answers 429 at once (the busy test below).
+        extra_args=("--max-queue", "0"),
     )
     try:
         yield process

@@ -28,7 +28,14 @@ from runtime.adapters.vad_bundle import ensure_vad_bundle
 from runtime.adapters.voice_export import ensure_voice_bundles
 from runtime.adapters.whisper_export import export_missing_recognisers, spoken_clips
 from runtime.api import PipelineSession
-from runtime.conversation import ConversationEvent, VoiceFrame
+from runtime.conversation import (
+    ConversationEvent,
+    ConversationUpdate,
+    SpokenTurn,
+    StopReply,
+    TextTurn,
+    VoiceFrame,
+)
 from runtime.devices import DeviceSelection, discover_topology
 from runtime.envs import EnvInfo
 from runtime.errors import RequestCancelled, UsageError
@@ -379,3 +386,57 @@ def test_pauses_inside_a_sentence_stay_in_one_turn_and_a_long_pause_makes_two(
     assert len(two) == 2
     assert "coffee" in words(two[0]["user"])
     assert "cake" in words(two[1]["user"])
+
+
+def test_typed_turns_updates_and_stops_are_fed_between_frames(
+    session: PipelineSession, clips: dict[str, np.ndarray]
+) -> None:
+    handle = session.submit(streaming=True)
+    events: list[ConversationEvent] = []
+
+    def until(name: str, turn: int) -> ConversationEvent:
+        while (output := handle.next()) is not None:
+            try:
+                event = ConversationEvent.from_outputs(output.outputs, output.text)
+            finally:
+                handle.acknowledge(output)
+            if event is not None:
+                events.append(event)
+                if event.event == name and event.turn == turn:
+                    return event
+        raise AssertionError(f"the request ended before {name} of turn {turn}: {events}")
+
+    try:
+        with pytest.raises(UsageError, match="TurnSettings"):
+            handle.feed(ConversationUpdate(turns="fast"))
+        handle.feed(ConversationUpdate(system_prompt="Answer in one short sentence."))
+        handle.feed(TextTurn(QUESTION))
+        done = until("reply_done", 1)
+        transcript = next(e for e in events if e.event == "transcript")
+        assert transcript.text == QUESTION
+        assert "Paris" in "".join(e.text or "" for e in events if e.event == "reply_text")
+        assert done.values["tokens"] > 0
+        assert done.values["prompt_tokens"] > 0
+        assert "speech_started" not in [e.event for e in events]
+        # A spoken turn the caller ended itself is transcribed, then answered.
+        handle.feed(SpokenTurn(clips[QUESTION]))
+        heard = until("transcript", 2)
+        assert "capital" in words(heard.text or "")
+        until("reply_done", 2)
+        handle.feed(TextTurn(LONG_QUESTION))
+        until("reply_audio", 3)
+        handle.feed(StopReply())
+        until("interrupted", 3)
+        handle.end_input()
+        final = None
+        while (output := handle.next()) is not None:
+            handle.acknowledge(output)
+            if output.finished:
+                final = output
+    finally:
+        handle.close()
+    assert final is not None
+    turns = final.metrics["turns"]
+    assert [turn["interrupted"] for turn in turns] == [False, False, True]
+    assert turns[0]["user"] == QUESTION
+    assert final.metrics["interruptions"] == 1
