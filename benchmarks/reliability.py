@@ -1,17 +1,19 @@
 """Run the reliability suite and write ``benchmarks/results/reliability.json``.
 
-Four parts, each a real run (``make reliability`` runs this script):
+Five parts, each a real run (``make reliability`` runs this script):
 
 1. the fault matrix and the security checks (``tests/reliability``, as ``make test`` runs
    them): per fault the typed error, the recovery time against its bound, leaks, and
    whether the pipeline served again;
 2. the property fuzzers (Hypothesis) with ``--fuzz-examples`` examples per target (the
-   parsers, the audio reader, and ``POST /v1/audio/transcriptions`` serving the
-   transcription pipeline);
+   parsers, the audio reader, ``POST /v1/audio/transcriptions`` serving the transcription
+   pipeline, and the server's other endpoints' request bodies and realtime event sequences);
 3. coverage-guided fuzzing with Atheris, ``--atheris-runs`` inputs per target, when Atheris
    is installed;
 4. the soak: ``--soak-requests`` requests across the add, MLP-chain and speech demos with
-   about 30% cancelled.
+   about 30% cancelled;
+5. the server's soak: 8 mixed clients (chat, speech, transcription, embeddings, realtime)
+   of one ``omni-edge serve`` for ``--serve-soak-s`` seconds with random disconnects.
 
 The exit status is 0 only when every part passed with zero leaks.
 """
@@ -107,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fuzz-examples", type=int, default=10_000)
     parser.add_argument("--atheris-runs", type=int, default=100_000)
     parser.add_argument("--soak-requests", type=int, default=1000)
+    parser.add_argument("--serve-soak-s", type=float, default=600.0)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     started = time.monotonic()
@@ -144,13 +147,21 @@ def main(argv: list[str] | None = None) -> int:
             {"OMNI_SOAK_REQUESTS": str(args.soak_requests)},
             work,
         )
+        serve_soak = _pytest(
+            "serve_soak",
+            [str(TESTS / "test_soak_serve.py")],
+            "slow",
+            {"OMNI_SERVE_SOAK_S": str(args.serve_soak_s)},
+            work,
+        )
         shutil.rmtree(work, ignore_errors=True)
     faults = [r for r in matrix["records"] if r["section"] == "fault"]
     security = [r for r in matrix["records"] if r["section"] == "security"]
     fuzzing = [{**r, "engine": "hypothesis"} for r in fuzz["records"] if r["section"] == "fuzz"]
     fuzzing += atheris
     soaks = [r for r in soak["records"] if r["section"] == "soak"]
-    leaks = sum(_leak_total(r.get("leaks")) for r in faults + soaks)
+    serve_soaks = [r for r in serve_soak["records"] if r["section"] == "serve_soak"]
+    leaks = sum(_leak_total(r.get("leaks")) for r in faults + soaks + serve_soaks)
     report.update(
         summary={
             "faults": len(faults),
@@ -159,16 +170,22 @@ def main(argv: list[str] | None = None) -> int:
             "security_checks_passed": sum(bool(r["passed"]) for r in security),
             "fuzz_examples": {f"{r['engine']}:{r['target']}": r["examples"] for r in fuzzing},
             "soak_requests": soaks[0]["requests"] if soaks else 0,
+            "serve_soak_requests": serve_soaks[0]["requests"] if serve_soaks else 0,
+            "serve_soak_rss_growth_bytes": (
+                serve_soaks[0]["rss_growth_bytes"] if serve_soaks else None
+            ),
             "duration_s": round(time.monotonic() - started, 1),
         },
         faults=faults,
         security=security,
         fuzzing=fuzzing,
         soak=soaks[0] if soaks else None,
+        serve_soak=serve_soaks[0] if serve_soaks else None,
         exit_status={
             "matrix": matrix["exit_status"],
             "fuzz": fuzz["exit_status"],
             "soak": soak["exit_status"],
+            "serve_soak": serve_soak["exit_status"],
         },
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -182,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         and all(r["passed"] for r in fuzzing)
         and soaks
         and soaks[0]["passed"]
+        and serve_soaks
+        and serve_soaks[0]["passed"]
         and leaks == 0
     )
     return 0 if passed else 1

@@ -339,10 +339,9 @@ class RealtimeConnection:
         response = _Response(new_id("resp"), new_id("item"))
         if audio:
             if texts:
-                self._pending = pending
                 raise RealtimeEventError(
-                    "the pending user input mixes typed text and committed audio; accepted: "
-                    "one kind per response",
+                    "the user items since the last response mix typed text and committed audio "
+                    "(they are dropped); accepted: one kind per response, sent again",
                     code="mixed_user_input",
                     event_id=event.event_id,
                 )

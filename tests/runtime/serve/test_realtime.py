@@ -410,6 +410,76 @@ def test_malformed_and_out_of_order_events_get_errors_on_a_usable_connection(
     _settled(server)
 
 
+def test_events_out_of_order_with_a_response_get_errors(
+    server: ServeProcess, clips: dict[str, np.ndarray]
+) -> None:
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    text_item = json.dumps(
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": QUESTION}],
+            },
+        }
+    )
+    with connect(_ws_url(server), additional_headers=headers) as ws:
+        assert _recv(ws)["type"] == "session.created"
+        ws.send(text_item)
+        ws.send(json.dumps({"type": "response.create"}))
+        ws.send(text_item)
+        ws.send(json.dumps({"type": "response.create", "event_id": "again"}))
+        ws.send(json.dumps({"type": "response.cancel", "response_id": "resp_other"}))
+        errors, created = [], None
+        while True:
+            event = _recv(ws)
+            if event["type"] == "response.created":
+                created = event["response"]["id"]
+            elif event["type"] == "error":
+                errors.append(event["error"])
+            elif event["type"] == "response.done":
+                break
+        active, wrong = errors
+        assert (active["code"], active["event_id"]) == (
+            "conversation_already_has_active_response",
+            "again",
+        )
+        assert created is not None
+        assert created in active["message"]
+        assert wrong["param"] == "response_id"
+        assert created in wrong["message"]
+        # The text item still waits: answered on the next response.create.
+        ws.send(json.dumps({"type": "response.create"}))
+        while (event := _recv(ws))["type"] != "response.done":
+            assert event["type"] != "error", event
+        assert event["response"]["status"] == "completed"
+        # Committed audio and typed text together cannot make one turn.
+        ws.send(
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {"audio": {"input": {"turn_detection": None}}},
+                }
+            )
+        )
+        assert _recv(ws)["type"] == "session.updated"
+        for chunk in _chunks(clips[STOP]):
+            ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+        ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        ws.send(text_item)
+        ws.send(json.dumps({"type": "response.create", "event_id": "mixed"}))
+        while (event := _recv(ws))["type"] != "error":
+            pass
+        assert (event["error"]["code"], event["error"]["event_id"]) == (
+            "mixed_user_input",
+            "mixed",
+        )
+        # They were dropped: nothing is left to answer.
+        assert _error(ws, json.dumps({"type": "response.create"}))["code"] == "no_user_input"
+    _settled(server)
+
+
 def test_the_handshake_refuses_a_missing_key_and_a_wrong_model(server: ServeProcess) -> None:
     with pytest.raises(InvalidStatus) as caught:
         connect(_ws_url(server))
