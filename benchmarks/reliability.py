@@ -46,6 +46,7 @@ FUZZ_FILES = (
     "test_fuzz_audio.py",
     "test_fuzz_transcriptions.py",
     "test_fuzz_serve.py",
+    "test_fuzz_realtime.py",
 )
 EXECUTED = re.compile(r"stat::number_of_executed_units:\s*(\d+)")
 

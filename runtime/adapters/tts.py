@@ -42,8 +42,10 @@ the last chunk, over ``audio_seconds``), ``max_chunk_gap_s`` (longest wait betwe
 chunks), ``skipped`` (the text the voice did not speak, with reasons), ``windows`` (``sized`` or
 ``buckets``), ``context``, ``overlap``, ``timing`` (where the request's time went: the acoustic
 and decoder calls' model time and transport, the waits for the caller, the adapter's own work)
-and ``steps`` (one entry per stage call: stage, sentence, frames, when it started, its wall,
-model and transport time).
+and ``steps`` (one entry per stage call: stage, sentence, frames, when it started (``started_s``
+from admission, ``started_at`` on the controller's monotonic clock, which orders the calls of
+requests that overlap), how long it waited for another request's call of the stage
+(``queue_s``), its wall, model and transport time).
 
 Adapter options (``adapter.options`` in the pipeline file):
 
@@ -67,6 +69,12 @@ Adapter options (``adapter.options`` in the pipeline file):
     every provider its route allows accepts dynamic shapes, see
     :data:`SIZED_WINDOW_PROVIDERS`), ``sized`` (both stages) or ``buckets`` (both stages
     padded to their fixed buckets).
+``concurrent_requests``
+    How many requests the pipeline runs at once (1 to 8, default 1). With more than one, a
+    request's acoustic call runs while another's decoder call runs (each stage still runs one
+    call at a time, the requests' calls in arrival order); the thread plan gives the acoustic
+    stage one thread (its calls run no faster on two) and the decoder every core, and no
+    pool spins (:func:`runtime.backends.threads.plan_threads`, ``requests``).
 """
 
 from __future__ import annotations
@@ -119,6 +127,7 @@ OPTION_NAMES: Final = (
     "sentence_silence_s",
     "overlap_sentences",
     "windows",
+    "concurrent_requests",
 )
 SCALES_KEYWORDS: Final = ("voice", "deterministic")
 WINDOW_KEYWORDS: Final = ("auto", "sized", "buckets")
@@ -141,6 +150,8 @@ CALL_FRAMES: Final = 10
 #: about 80 ms.
 WHOLE_FRAMES: Final = 128
 MAX_SENTENCE_SILENCE_S: Final = 10.0
+#: The most requests a voice's pipeline may run at once (``concurrent_requests``).
+MAX_CONCURRENT_REQUESTS: Final = 8
 #: The decoder bundle's audio output.
 _AUDIO_OUTPUT: Final = "audio"
 
@@ -159,6 +170,7 @@ class SpeechOptions:
     sentence_silence_s: float = 0.0
     overlap_sentences: bool | str = "auto"
     windows: str = "auto"
+    concurrent_requests: int = 1
 
     @classmethod
     def parse(
@@ -219,6 +231,13 @@ class SpeechOptions:
                 "windows",
                 f"{windows!r} is not a window setting; accepted: {', '.join(WINDOW_KEYWORDS)}",
             )
+        requests = options.get("concurrent_requests", 1)
+        if type(requests) is not int or not 1 <= requests <= MAX_CONCURRENT_REQUESTS:
+            raise fail(
+                "concurrent_requests",
+                f"{requests!r} is not a request count; accepted: an integer from 1 to "
+                f"{MAX_CONCURRENT_REQUESTS}",
+            )
         return cls(
             voice=voice,
             schedule=schedule,
@@ -226,6 +245,7 @@ class SpeechOptions:
             sentence_silence_s=float(silence),
             overlap_sentences=overlap,
             windows=str(windows),
+            concurrent_requests=requests,
         )
 
 
@@ -283,12 +303,17 @@ class _Timeline:
         return self.samples / self.sample_rate - (time.perf_counter() - self.first_audio_at)
 
     def step(self, stage: str, started: float, result: CallResult, **fields: Any) -> None:
+        wall = time.perf_counter() - started
         self.steps.append(
             {
                 "stage": stage,
                 **fields,
                 "started_s": round(started - self.submitted_at, 6),
-                "wall_s": round(time.perf_counter() - started, 6),
+                # The controller's monotonic clock: orders the calls of requests that overlap.
+                "started_at": round(started, 6),
+                # Waiting for the stage while another request's call ran on it.
+                "queue_s": round(max(0.0, wall - result.round_trip_s), 6),
+                "wall_s": round(wall, 6),
                 "run_s": round(result.run_s, 6),
                 "transfer_s": round(result.transfer_s, 6),
             }
@@ -490,6 +515,10 @@ class SpeechAdapter:
             self.overlap = all(plans[name].overlaps for name in names if name in plans)
         else:
             self.overlap = bool(overlap)
+        #: Requests the pipeline runs at once (read by the engine's admission and thread
+        #: plan); the acoustic stage gains nothing from a second thread (see the module).
+        self.concurrent_requests: int = self.options.concurrent_requests
+        self.single_thread_stages: tuple[int, ...] = (ACOUSTIC_STAGE,)
         self.max_ids = max(self.bundles.acoustic_settings.buckets)
         self._phonemizer = Phonemizer(voice)
         self._silence = np.zeros(round(self.options.sentence_silence_s * voice.sample_rate), "f4")

@@ -221,7 +221,8 @@ class PipelineSession:
 
     @property
     def concurrency(self) -> int:
-        """How many requests run at once (1 for graph pipelines)."""
+        """How many requests run at once (1 for graph pipelines unless their program says
+        otherwise, e.g. a voice's ``concurrent_requests``)."""
         return self._orchestrator.concurrency
 
     def example_inputs(self) -> dict[str, np.ndarray]:

@@ -40,7 +40,7 @@ from runtime.config import GraphBackendConfig, LlmBackendConfig
 if TYPE_CHECKING:
     from collections.abc import Collection
 
-    from runtime.config import PipelineConfig
+    from runtime.config import PipelineConfig, StageConfig
 
 #: Cores each concurrent graph stage needs to itself before a program may overlap their calls.
 MIN_OVERLAP_THREADS: Final = 2
@@ -88,13 +88,19 @@ def plan_threads(
     *,
     concurrent: Collection[str] = (),
     solo: Collection[str] = (),
+    requests: int = 1,
+    single_thread: Collection[str] = (),
 ) -> dict[str, ThreadPlan]:
     """The thread plan of every graph stage of ``config``, by stage name. ``concurrent``
     names graph stages a program may call at the same time, ``solo`` those it calls while
-    the other stages wait (see the module)."""
+    the other stages wait; ``requests`` is how many requests a pipeline of graph stages runs
+    at once, and ``single_thread`` names the stages whose calls gain nothing from a second
+    thread, which get one where requests overlap (see the module)."""
     cores = usable_cores() if cores is None else max(1, cores)
     graph = [s for s in config.stages if isinstance(s.backend, GraphBackendConfig)]
     language = [s for s in config.stages if isinstance(s.backend, LlmBackendConfig)]
+    if not language and requests > 1 and len(graph) > 1:
+        return _overlapping_requests(graph, cores, requests, single_thread)
     if not language:
         together = [s.name for s in graph if s.name in concurrent]
         if len(together) >= 2 and cores >= MIN_OVERLAP_THREADS * len(together):
@@ -141,3 +147,25 @@ def plan_threads(
         else ThreadPlan(share, False, cores, reason)
         for s in graph
     }
+
+
+def _overlapping_requests(
+    graph: list[StageConfig], cores: int, requests: int, single_thread: Collection[str]
+) -> dict[str, ThreadPlan]:
+    """Graph stages whose calls of different requests overlap: a stage that gains nothing
+    from a second thread gets one, the others every core so that a call running alone keeps
+    them all; no pool spins, so the cores go to whichever call runs."""
+    plans = {}
+    for stage in graph:
+        threads = 1 if stage.name in single_thread else cores
+        reason = (
+            f"{requests} requests may run at once, their calls of different stages overlapping: "
+            + (
+                "one thread (its calls gain nothing from more), no spinning"
+                if threads == 1
+                else f"every core ({cores}) for a call that runs alone, no spinning (calls that "
+                "overlap share the cores)"
+            )
+        )
+        plans[stage.name] = ThreadPlan(threads, False, cores, reason, overlaps=True)
+    return plans

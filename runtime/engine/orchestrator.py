@@ -32,8 +32,10 @@ from runtime.engine.program import (
     PipelineProgram,
     RequestContext,
     StreamingProgram,
+    concurrent_requests,
     concurrent_stages,
     load_program,
+    single_thread_stages,
     solo_stages,
     streams_input,
 )
@@ -150,6 +152,8 @@ class Orchestrator:
             timeouts=timeouts,
             concurrent=concurrent_stages(self.program, config),
             solo=solo_stages(self.program, config),
+            requests=concurrent_requests(self.program),
+            single_thread=single_thread_stages(self.program, config),
             resolution=resolution,
         )
         self._lock = threading.Lock()
@@ -304,7 +308,8 @@ class Orchestrator:
 
     @property
     def concurrency(self) -> int:
-        """How many requests run at once (1 for graph pipelines)."""
+        """How many requests run at once (1 for graph pipelines unless their program says
+        otherwise)."""
         return self._concurrency
 
     def example_inputs(self) -> dict[str, np.ndarray]:
@@ -368,6 +373,11 @@ class Orchestrator:
                     limit = f"the queue holds at most {self.config.max_queued}"
                 elif self._concurrency == 1:
                     limit = "graph pipelines admit one request at a time"
+                elif all(isinstance(stage, GraphStage) for stage in self._runtime.stages):
+                    limit = (
+                        f"its program runs {self._concurrency} requests at a time "
+                        "(concurrent_requests)"
+                    )
                 else:
                     limit = (
                         f"it admits {self._concurrency} requests at a time, the max_num_seqs "

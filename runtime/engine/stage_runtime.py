@@ -115,6 +115,8 @@ class StageRuntime:
         env_dir: Path | None = None,
         concurrent: Collection[str] = (),
         solo: Collection[str] = (),
+        requests: int = 1,
+        single_thread: Collection[str] = (),
         resolution: Resolution | None = None,
     ) -> None:
         self.config = config
@@ -127,8 +129,17 @@ class StageRuntime:
         self.env_dir = env_dir
         #: ONNX Runtime threads of each graph stage, split between stages that run at once
         #: (``concurrent``: graph stages the program may call at the same time; ``solo``:
-        #: those it calls while the others wait).
-        self.threads = plan_threads(config, concurrent=concurrent, solo=solo)
+        #: those it calls while the others wait; ``single_thread``: those that gain nothing
+        #: from a second thread, given one where requests overlap).
+        #: Requests a pipeline of graph stages runs at once (its program declares it).
+        self.requests = max(1, requests)
+        self.threads = plan_threads(
+            config,
+            concurrent=concurrent,
+            solo=solo,
+            requests=self.requests,
+            single_thread=single_thread,
+        )
         self.stages: list[StageHandle] = []
         #: Each stage's backend client, in stage order.
         self.clients: list[StageClient] = []
@@ -348,10 +359,11 @@ class StageRuntime:
 
     @property
     def concurrency(self) -> int:
-        """Requests the pipeline runs at once: 1 with graph stages only, else the smallest
-        ``max_num_seqs`` of its language-model stages (graph stages take them in turn)."""
+        """Requests the pipeline runs at once: with graph stages only, what its program
+        declares (``concurrent_requests``, default 1), else the smallest ``max_num_seqs`` of
+        its language-model stages (graph stages take them in turn)."""
         limits = [stage.max_num_seqs for stage in self.stages if isinstance(stage, LlmStage)]
-        return min(limits) if limits else 1
+        return min(limits) if limits else self.requests
 
     def example_inputs(self) -> dict[str, Any]:
         """The first stage's example inputs (the default request of a graph chain)."""

@@ -312,7 +312,9 @@ class ServeApp:
             Route("/v1/omni/run", self._wrap(self.graph_run), methods=["POST"]),
             Route("/v1/omni/pipelines", self._wrap(self.pipelines), methods=["GET"]),
             Route("/metrics", self._wrap(self.prometheus), methods=["GET"]),
-            WebSocketRoute("/v1/realtime", RealtimeEndpoint(registry, self._check_key).serve),
+            WebSocketRoute(
+                "/v1/realtime", RealtimeEndpoint(registry, self._check_key, self.metrics).serve
+            ),
         ]
         self.asgi = Starlette(
             routes=routes, exception_handlers={HTTPException: self._http_exception}

@@ -12,7 +12,10 @@ the HTTP server answered. Each :class:`ServeMetrics` has its own ``CollectorRegi
 - ``omni_queue_depth{model}`` and ``omni_in_flight{model}``: read live at each scrape.
 - ``omni_tokens_total{model,kind}``: prompt and completion tokens of chat answers.
 - ``omni_audio_seconds_total{model,direction}``: speech produced (``out``) and audio
-  transcribed (``in``).
+  transcribed or heard (``in``), realtime conversations' included.
+- ``omni_realtime_sessions_total{model,outcome}``: ``/v1/realtime`` connections, accepted
+  or refused; ``omni_realtime_responses_total{model,status}``: their responses by how they
+  ended (completed, cancelled).
 """
 
 from __future__ import annotations
@@ -84,6 +87,18 @@ class ServeMetrics:
             ["model", "direction"],
             registry=self.registry,
         )
+        self._sessions = Counter(
+            "omni_realtime_sessions",
+            "Realtime connections, by model and outcome (accepted, refused)",
+            ["model", "outcome"],
+            registry=self.registry,
+        )
+        self._responses = Counter(
+            "omni_realtime_responses",
+            "Realtime responses, by model and how they ended (completed, cancelled)",
+            ["model", "status"],
+            registry=self.registry,
+        )
         self.registry.register(_Live(live))
 
     def request(self, endpoint: str, model: str | None, status: int, duration_s: float) -> None:
@@ -99,6 +114,12 @@ class ServeMetrics:
     def audio(self, model: str, direction: str, seconds: float) -> None:
         if seconds > 0:
             self._audio.labels(model, direction).inc(seconds)
+
+    def realtime_session(self, model: str | None, outcome: str) -> None:
+        self._sessions.labels(model or "", outcome).inc()
+
+    def realtime_response(self, model: str, status: str) -> None:
+        self._responses.labels(model, status).inc()
 
     def exposition(self) -> bytes:
         """The text format a Prometheus scraper reads."""

@@ -92,6 +92,7 @@ if TYPE_CHECKING:
     from starlette.requests import HTTPConnection
     from starlette.websockets import WebSocket
 
+    from runtime.serve.metrics import ServeMetrics
     from runtime.serve.realtime_events import ClientEvent
     from runtime.serve.registry import PipelineRegistry, ServedPipeline, Submitted
 
@@ -151,8 +152,10 @@ class RealtimeConnection:
         pipeline: ServedPipeline,
         submitted: Submitted,
         settings: RealtimeSettings,
+        metrics: ServeMetrics | None = None,
     ) -> None:
         self.ws = websocket
+        self.metrics = metrics
         self.pipeline = pipeline
         self.submitted = submitted
         self.settings = settings
@@ -271,6 +274,8 @@ class RealtimeConnection:
     def _append(self, event: InputAudioAppend) -> None:
         pcm = self._input.resample_chunk(event.pcm)
         self._buffered += event.pcm.size
+        if self.metrics is not None:
+            self.metrics.audio(self.pipeline.name, "in", event.pcm.size / AUDIO_RATE)
         if not self.settings.server_vad:
             self._held.append(pcm)
             return
@@ -580,6 +585,15 @@ class RealtimeConnection:
 
     async def _done(self, response: _Response, status: str, reason: str | None) -> None:
         response.finished = True
+        if self.metrics is not None:
+            self.metrics.realtime_response(self.pipeline.name, status)
+            self.metrics.audio(self.pipeline.name, "out", response.samples / self.voice_rate)
+            usage = response.usage
+            self.metrics.tokens(
+                self.pipeline.name,
+                prompt=int(usage.get("input_tokens", 0)),
+                completion=int(usage.get("output_tokens", 0)),
+            )
         if response in self._unbound:
             self._unbound.remove(response)
         if self._playing is response and status != "completed":
@@ -649,10 +663,14 @@ class RealtimeEndpoint:
     :class:`ApiError` for a connection without the server's key."""
 
     def __init__(
-        self, registry: PipelineRegistry, check_key: Callable[[HTTPConnection], None]
+        self,
+        registry: PipelineRegistry,
+        check_key: Callable[[HTTPConnection], None],
+        metrics: ServeMetrics | None = None,
     ) -> None:
         self.registry = registry
         self.check_key = check_key
+        self.metrics = metrics
 
     async def serve(self, websocket: WebSocket) -> None:
         try:
@@ -664,14 +682,19 @@ class RealtimeEndpoint:
             return
         await websocket.accept()
         submitted: Submitted | None = None
+        model = websocket.query_params.get("model")
         try:
-            pipeline = self._pipeline(websocket.query_params.get("model"))
+            pipeline = self._pipeline(model)
             submitted = await self._submit(pipeline)
+            if self.metrics is not None:
+                self.metrics.realtime_session(model, "accepted")
             connection = RealtimeConnection(
-                websocket, pipeline, submitted, initial_settings(pipeline)
+                websocket, pipeline, submitted, initial_settings(pipeline), self.metrics
             )
             await connection.run()
         except _Refused as refused:
+            if self.metrics is not None:
+                self.metrics.realtime_session(model, "refused")
             await _refuse(websocket, refused.event, refused.close_code)
         except WebSocketDisconnect:
             pass

@@ -542,3 +542,81 @@ def test_a_connection_beyond_the_pipeline_s_slots_is_refused_and_a_client_that_l
     with connect(_ws_url(server), additional_headers=headers) as again:
         assert _recv(again)["type"] == "session.created"
     _settled(server)
+
+
+def _metric(server: ServeProcess, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with server.client() as http:
+        text = http.get(server.url.removesuffix("/v1") + "/metrics").text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def test_metrics_count_realtime_connections_responses_tokens_and_audio(
+    server: ServeProcess,
+) -> None:
+    before = {
+        "accepted": _metric(
+            server, "omni_realtime_sessions_total", model=MODEL, outcome="accepted"
+        ),
+        "refused": _metric(server, "omni_realtime_sessions_total", model="nope", outcome="refused"),
+        "completed": _metric(
+            server, "omni_realtime_responses_total", model=MODEL, status="completed"
+        ),
+        "in": _metric(server, "omni_audio_seconds_total", model=MODEL, direction="in"),
+        "out": _metric(server, "omni_audio_seconds_total", model=MODEL, direction="out"),
+        "tokens": _metric(server, "omni_tokens_total", model=MODEL, kind="completion"),
+    }
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    with connect(_ws_url(server), additional_headers=headers) as ws:
+        assert _recv(ws)["type"] == "session.created"
+        ws.send(
+            json.dumps(
+                {
+                    "type": "input_audio_buffer.append",
+                    "audio": base64.b64encode(_pcm16(_silence(0.5))).decode(),
+                }
+            )
+        )
+        ws.send(
+            json.dumps(
+                {
+                    "type": "conversation.item.create",
+                    "item": {
+                        "type": "message",
+                        "role": "user",
+                        "content": [{"type": "input_text", "text": QUESTION}],
+                    },
+                }
+            )
+        )
+        ws.send(json.dumps({"type": "response.create"}))
+        while (event := _recv(ws))["type"] != "response.done":
+            assert event["type"] != "error", event
+    with (
+        connect(_ws_url(server, "nope"), additional_headers=headers) as ws,
+        contextlib.suppress(ConnectionClosed),
+    ):
+        assert _recv(ws)["type"] == "error"
+    _settled(server)
+    assert (
+        _metric(server, "omni_realtime_sessions_total", model=MODEL, outcome="accepted")
+        == before["accepted"] + 1
+    )
+    assert (
+        _metric(server, "omni_realtime_sessions_total", model="nope", outcome="refused")
+        == before["refused"] + 1
+    )
+    assert (
+        _metric(server, "omni_realtime_responses_total", model=MODEL, status="completed")
+        == before["completed"] + 1
+    )
+    heard = _metric(server, "omni_audio_seconds_total", model=MODEL, direction="in")
+    assert heard - before["in"] == pytest.approx(0.5)
+    assert _metric(server, "omni_audio_seconds_total", model=MODEL, direction="out") > before["out"]
+    assert _metric(server, "omni_tokens_total", model=MODEL, kind="completion") > before["tokens"]
