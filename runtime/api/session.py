@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runtime.config import LlmBackendConfig, PipelineConfig, load_pipeline
-from runtime.engine.orchestrator import Orchestrator
+from runtime.engine.orchestrator import STOP_GRACE_S, Orchestrator
 from runtime.engine.outputs import END, OmniRequestOutput
 from runtime.engine.program import program_kind, streams_input
 from runtime.errors import UsageError
@@ -391,3 +391,13 @@ class RequestHandle:
             return False
         self._ended = True
         return self._orchestrator.cancel(self._request.request_id, wait=wait)
+
+    def stop(self, *, grace_s: float = STOP_GRACE_S) -> bool:
+        """For a caller that went away: end the request between stage calls unless it ended
+        (never blocks; idempotent). The call in progress completes, so no worker is retired
+        for it; the outputs are acknowledged as they come; one still running after
+        ``grace_s`` is cancelled as by :meth:`close`. True when this call stopped it."""
+        if self._settled():
+            return False
+        self._ended = True
+        return self._orchestrator.stop(self._request.request_id, grace_s=grace_s)

@@ -20,7 +20,7 @@ import sys
 import threading
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from runtime.backends.inprocess import INPROCESS_WORKER
 from runtime.config import LlmBackendConfig, RemoteLlmRoute
@@ -73,6 +73,9 @@ if TYPE_CHECKING:
     from runtime.devices import DeviceSelection, Topology
 
 log = logging.getLogger("omni.engine.orchestrator")
+#: How long a stopped request may take to reach the end of its stage call before it is
+#: cancelled (which retires a worker whose call still runs).
+STOP_GRACE_S: Final = 10.0
 
 #: How long ``close`` waits for the loop thread after everything was retired.
 JOIN_DEADLINE_S = 10.0
@@ -164,6 +167,8 @@ class Orchestrator:
         self._concurrency = 1
         self._queue: deque[Request] = deque()
         self._requests: dict[str, Request] = {}
+        #: Cancels of stopped requests that overran their grace (kept until done).
+        self._overdue: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._state = "new"  # new -> running -> closed
@@ -495,7 +500,63 @@ class Orchestrator:
             future.result()
         return True
 
+    def stop(self, request_id: str, *, grace_s: float = STOP_GRACE_S) -> bool:
+        """End a request between stage calls, for a caller that went away; never blocks.
+
+        No new stage call or generation step of it starts, the call in progress (if any)
+        completes, so no worker is retired for it, and every output is acknowledged as it
+        comes; the request then ends cancelled. One still running after ``grace_s`` is
+        cancelled as by :meth:`cancel`. False when the request is unknown or finished."""
+        with self._lock:
+            request = self._requests.get(request_id)
+            if request is None or self._state != "running":
+                return False
+            request.cancel_requested = True
+            request.stopped = f"request {request_id} was stopped: its caller went away"
+        request.stream.discard()
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(self._stop, request, grace_s)
+        except RuntimeError:  # the loop has closed: the request ended with it
+            return False
+        return True
+
     # -- requests (loop) -------------------------------------------------------------
+
+    def _stop(self, request: Request, grace_s: float) -> None:
+        reason = request.stopped or f"request {request.request_id} was stopped"
+        if request.input is not None:
+            # Wakes a program waiting for the next chunk; a call in progress goes on.
+            request.input.fail(RequestCancelled(reason))
+        with self._lock:
+            queued = request in self._queue
+            if queued:
+                self._queue.remove(request)
+        if queued:
+            request.cancelled = True
+            request.stream.put(RequestCancelled(reason))
+            self._finish(request, "cancelled", reason)
+            return
+        assert self._loop is not None
+
+        loop = self._loop
+
+        def overdue() -> None:
+            with self._lock:
+                running = self._requests.get(request.request_id) is request
+            if running:
+                log.warning(
+                    "request %s did not stop within %g s; cancelling it",
+                    request.request_id,
+                    grace_s,
+                )
+                task = loop.create_task(
+                    self._cancel(request, f"{reason}; it did not stop within {grace_s:g} s")
+                )
+                self._overdue.add(task)
+                task.add_done_callback(self._overdue.discard)
+
+        loop.call_later(grace_s, overdue)
 
     def _launch(self, request: Request) -> None:
         assert self._loop is not None
@@ -511,6 +572,9 @@ class Orchestrator:
             else:
                 await self.program.run(context, request.inputs)
             request.stream.put(END)
+            if request.stopped is not None:
+                # Its last call ended the work, but nobody took the outputs.
+                status, message = "cancelled", request.stopped
         except asyncio.CancelledError:
             status, message = "cancelled", "cancelled"
         except RequestCancelled as exc:

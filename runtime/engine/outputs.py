@@ -28,10 +28,15 @@ class OutputStream:
         self._items: deque[StreamItem] = deque()
         self._waiters: deque[cf.Future[StreamItem]] = deque()
         self._closed = False
+        self._discarding = False
 
     def put(self, item: StreamItem) -> None:
         with self._lock:
             if self._closed:
+                return
+            if self._discarding and isinstance(item, OmniRequestOutput):
+                # Nobody reads any more: the output is acknowledged as it comes.
+                item.release_stage_buffers()
                 return
             if isinstance(item, (BaseException, _End)):
                 self._closed = True
@@ -51,6 +56,18 @@ class OutputStream:
             else:
                 self._waiters.append(future)
         return future
+
+    def discard(self) -> None:
+        """From now on nobody reads: every output queued or put later is acknowledged at
+        once (its stage's slot freed), so a program waiting for acknowledgements goes on."""
+        with self._lock:
+            self._discarding = True
+            queued = [item for item in self._items if isinstance(item, OmniRequestOutput)]
+            self._items = deque(
+                item for item in self._items if not isinstance(item, OmniRequestOutput)
+            )
+        for item in queued:
+            item.release_stage_buffers()
 
     @property
     def closed(self) -> bool:

@@ -32,6 +32,8 @@ class Request:
     cancelled: bool = False
     #: Set by any thread the moment a cancel is asked for, before the loop gets to it.
     cancel_requested: bool = False
+    #: Why the request was stopped (its caller went away), when it was.
+    stopped: str | None = None
     #: Set by the caller's thread when it acknowledges the request's final output: the
     #: request no longer counts against admission while the loop winds it up.
     final_consumed: bool = False

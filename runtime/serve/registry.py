@@ -103,10 +103,11 @@ class Submitted:
             self.handle.acknowledge(current)
 
     def close(self) -> None:
-        """Acknowledge what is held; cancel the request unless it ended. Idempotent, any
-        thread, never blocks (the cancel runs on the session's loop)."""
+        """Acknowledge what is held; stop the request unless it ended: its client went away,
+        so it ends between stage calls (no worker is retired for a call cut short) and is
+        cancelled only if it overruns the grace. Idempotent, any thread, never blocks."""
         self._release()
-        if self.handle.close(wait=False):
+        if self.handle.stop():
             self.pipeline.renew_if_retired(self._session, self.request_id)
 
 

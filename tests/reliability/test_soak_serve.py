@@ -180,9 +180,20 @@ KINDS = {
 
 
 def _client_loop(soak: Soak, number: int) -> None:
+    try:
+        _requests(soak, number)
+    except BaseException as exc:
+        soak.fail(f"client {number} stopped: {type(exc).__name__}: {exc}")
+        raise
+
+
+def _requests(soak: Soak, number: int) -> None:
     rng = random.Random(SEED + number)
     names, weights = zip(*MIX.items(), strict=True)
-    with soak.server.client(timeout=REQUEST_TIMEOUT_S) as client:
+    server = soak.server
+    with httpx.Client(
+        base_url=server.url, headers=server.headers(), timeout=REQUEST_TIMEOUT_S
+    ) as client:
         while time.monotonic() < soak.deadline:
             kind = rng.choices(names, weights)[0]
             cut = rng.random() < DISCONNECT_FRACTION

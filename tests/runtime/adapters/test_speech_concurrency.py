@@ -90,7 +90,7 @@ def test_two_requests_overlap_their_stages_and_speak_as_they_do_alone(
         second = _Spoken(omni.session.submit(SECOND))
         together = first.result(), second.result()
         alone = _one_at_a_time(omni, FIRST), _one_at_a_time(omni, SECOND)
-        plan = {stage.name: stage.to_json() for stage in omni.execution_plan.stages}
+        threads = [stage.to_json()["threads"] for stage in omni.execution_plan.stages]
     for both, single in zip(together, alone, strict=True):
         assert np.array_equal(both, single), "a request spoke differently beside another"
     decoding = [_active(s) for s in first.metrics["steps"] if s["stage"] == "decoder"]
@@ -100,7 +100,6 @@ def test_two_requests_overlap_their_stages_and_speak_as_they_do_alone(
         for a_start, a_end in acoustic
         for d_start, d_end in decoding
     ), f"the second request's acoustic calls {acoustic} ran beside none of {decoding}"
-    threads = [entry["threads"] for entry in plan.values()]
     assert [t["applied_intra_op_threads"] for t in threads] == [1, usable_cores()]
     assert not any(t["applied_allow_spinning"] for t in threads)
     assert all(t["overlaps"] for t in threads)

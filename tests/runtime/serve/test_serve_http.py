@@ -14,6 +14,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +25,7 @@ import pytest
 import soundfile
 from helpers.onnx_graphs import example_inputs, make_bundle
 
+from runtime.engine.orchestrator import STOP_GRACE_S
 from tests.runtime.engine.support import ENDLESS_STEPS, StageSpec, write_pipeline
 from tests.runtime.serve.support import API_KEY, REPO, ServeProcess, wait_until
 from tests.workers.support import make_loop_bundle
@@ -324,7 +326,11 @@ def test_a_busy_graph_pipeline_answers_429_with_retry_after(server: ServeProcess
         assert "graph pipelines admit one request at a time" in error["message"]
     finally:
         raw.leave()
-    # The cancelled call retired the worker; the pipeline comes back and serves.
+    # The endless call is cancelled once it overruns the grace, which retires the worker; the
+    # pipeline comes back and serves.
+    wait_until(
+        lambda: server.pipelines()["loop"]["in_flight"] == 0, "the call to end", STOP_GRACE_S + 20
+    )
     wait_until(lambda: server.pipelines()["loop"]["state"] == "ready", "loop to be back", 60)
     with server.client() as http:
         response = http.post("/omni/run", params={"model": "loop"}, content=_loop_inputs(1))
@@ -363,11 +369,36 @@ def test_max_queued_lets_a_request_wait_and_the_next_gets_429(server: ServeProce
     assert [answer.status_code for answer in answers] == [200, 200], [a.text for a in answers]
 
 
-def test_a_client_leaving_a_graph_call_cancels_it(server: ServeProcess) -> None:
+def test_a_client_leaving_a_call_lets_it_end_and_keeps_the_workers(
+    server: ServeProcess,
+) -> None:
+    before = server.workers()
+    raw = RawPost(server, "/omni/run?model=loop", _loop_inputs(QUEUE_STEPS), "application/x-npz")
+    wait_until(lambda: server.pipelines()["loop"]["in_flight"] == 1, "loop to be busy")
+    raw.leave()
+    # The request stops between calls: its call of some seconds runs to its end, and no
+    # worker is retired for it.
+    wait_until(lambda: server.pipelines()["loop"]["in_flight"] == 0, "the call to end", 30)
+    assert server.pipelines()["loop"]["state"] == "ready"
+    assert server.pipelines()["loop"]["finished"]["cancelled"] >= 1
+    assert server.workers() == before
+    with server.client() as http:
+        response = http.post("/omni/run", params={"model": "loop"}, content=_loop_inputs(1))
+    assert response.status_code == 200
+
+
+def test_a_client_leaving_an_endless_call_has_it_cancelled_after_the_grace(
+    server: ServeProcess,
+) -> None:
     before = server.workers()
     raw = _start_endless(server, "loop")
+    left = time.monotonic()
     raw.leave()
-    wait_until(lambda: server.pipelines()["loop"]["in_flight"] == 0, "the call to end", 10)
+    wait_until(
+        lambda: server.pipelines()["loop"]["in_flight"] == 0, "the call to end", STOP_GRACE_S + 20
+    )
+    # Stopped first: the call went on for the grace, then was cancelled.
+    assert time.monotonic() - left >= STOP_GRACE_S - 0.5
     # The worker that ran the call was retired: the pipeline is recreated with a new one.
     assert server.pipelines()["loop"]["state"] in ("restarting", "ready")
     wait_until(lambda: server.pipelines()["loop"]["state"] == "ready", "loop to be back", 60)
