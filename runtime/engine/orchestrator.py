@@ -506,10 +506,11 @@ class Orchestrator:
         No new stage call or generation step of it starts, the call in progress (if any)
         completes, so no worker is retired for it, and every output is acknowledged as it
         comes; the request then ends cancelled. One still running after ``grace_s`` is
-        cancelled as by :meth:`cancel`. False when the request is unknown or finished."""
+        cancelled as by :meth:`cancel`. False when the request is unknown, finished or
+        already stopped."""
         with self._lock:
             request = self._requests.get(request_id)
-            if request is None or self._state != "running":
+            if request is None or self._state != "running" or request.stopped is not None:
                 return False
             request.cancel_requested = True
             request.stopped = f"request {request_id} was stopped: its caller went away"

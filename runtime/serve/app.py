@@ -17,8 +17,8 @@
 
 Admission is the runtime's; a request to a busy pipeline waits in the pipeline's bounded FIFO
 queue (:mod:`runtime.serve.queueing`), and only a full queue answers 429 with
-``Retry-After``. A client that disconnects leaves the queue, or cancels its request through
-the pipeline's session, at once.
+``Retry-After``. A client that disconnects leaves the queue, or stops its request between
+stage calls through the pipeline's session (:meth:`~runtime.api.RequestHandle.stop`).
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ PCM), a transcription of a spoken clip, embeddings, or a realtime turn (the clip
 their client at a random point (a stream closed early, a socket closed mid-turn).
 
 Every answer must be a 200 (or a realtime ``response.done``) or a typed refusal the server
-declares (429 when its queue is full; none is expected at the default queue); nothing may
-fail. At the end nothing is in flight or queued, the server's resident memory grew by at most
+declares (429 when its queue is full, none expected at the default queue; a realtime
+connection beyond the conversation's slots is refused with ``pipeline_busy``); nothing may
+fail, and no pipeline restarts (a client that leaves stops its request between stage calls). At the end nothing is in flight or queued, the server's resident memory grew by at most
 :data:`RSS_GROWTH_LIMIT` from the first minute's end to the last, and once it stops no worker
 process and no shared-memory segment of it is left.
 
@@ -148,6 +149,11 @@ def _realtime(soak: Soak, client: httpx.Client, rng: random.Random, cut: bool) -
     with connect(
         url, additional_headers=soak.server.headers(), open_timeout=30, close_timeout=5
     ) as socket:
+        first = json.loads(socket.recv(timeout=30))
+        if first["type"] == "error" and first["error"]["code"] == "pipeline_busy":
+            # Every conversation slot is taken: a declared refusal (close code 1013).
+            return 429
+        assert first["type"] == "session.created", first
         for start in range(0, len(pcm), chunk):
             if cut_at is not None and start >= cut_at:
                 return 0
@@ -205,7 +211,7 @@ def _requests(soak: Soak, number: int) -> None:
             soak.count("requests")
             soak.count(f"{kind}:{'cut' if cut else status}")
             if status == 429:
-                soak.count("429")
+                soak.count("429" if kind != "realtime" else "realtime_busy")
             elif status not in (0, 200):
                 soak.fail(f"client {number} {kind}: status {status}")
 
@@ -238,6 +244,7 @@ def test_eight_mixed_clients_with_random_disconnects_leave_nothing(smollm2_model
                 assert response.status_code == 200, response.text
                 clips.append(response.content)
         soak = Soak(server, clips)
+        workers_at_start = server.workers()
         threads = [
             threading.Thread(target=_client_loop, args=(soak, n), daemon=True)
             for n in range(CLIENTS)
@@ -274,6 +281,7 @@ def test_eight_mixed_clients_with_random_disconnects_leave_nothing(smollm2_model
         requests=soak.counts["requests"],
         per_kind={key: value for key, value in soak.counts.items() if ":" in key},
         declared_429=soak.counts["429"],
+        realtime_busy=soak.counts["realtime_busy"],
         rss_start_bytes=rss_start,
         rss_end_bytes=rss_end,
         rss_growth_bytes=rss_end - rss_start,
@@ -281,6 +289,7 @@ def test_eight_mixed_clients_with_random_disconnects_leave_nothing(smollm2_model
         tree_rss_end_bytes=tree_end,
         rss_mib_at=samples,
         segments_while_serving=len(segments_before_stop),
+        workers_replaced=len(workers_at_start - workers),
         leaks={"processes": len(left), "shm": len(segments)},
         failures=soak.failures[:20],
         exit_status=status,
@@ -290,7 +299,8 @@ def test_eight_mixed_clients_with_random_disconnects_leave_nothing(smollm2_model
     assert settled
     assert not soak.failures, soak.failures[:5]
     assert soak.counts["requests"] > CLIENTS
-    assert status == 0
+    assert status == 130, "\n".join(server.stderr)
+    assert workers == workers_at_start, "a pipeline was recreated during the soak"
     assert not left, f"worker processes left: {left}"
     assert not segments, f"shared memory left: {sorted(segments)}"
     assert rss_end - rss_start <= RSS_GROWTH_LIMIT, samples
