@@ -32,12 +32,14 @@ from runtime.engine.program import (
     PipelineProgram,
     RequestContext,
     StreamingProgram,
+    load_program,
+    streams_input,
+)
+from runtime.engine.program_traits import (
     concurrent_requests,
     concurrent_stages,
-    load_program,
     single_thread_stages,
     solo_stages,
-    streams_input,
 )
 from runtime.engine.request import Request as Request
 from runtime.engine.stage_runtime import StageRuntime

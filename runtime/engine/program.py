@@ -587,39 +587,6 @@ def program_kind(program: object) -> str:
     return kind if isinstance(kind, str) else "adapter"
 
 
-def concurrent_stages(program: object, config: PipelineConfig) -> tuple[str, ...]:
-    """The names of the graph stages ``program`` may call at the same time for one request
-    (its optional ``concurrent_stages`` attribute: stage ids); the thread plan splits the cores
-    between them where they can each have their own (``runtime/backends/threads.py``)."""
-    ids = getattr(program, "concurrent_stages", ())
-    return tuple(config.stages[i].name for i in ids if 0 <= i < len(config.stages))
-
-
-def concurrent_requests(program: object) -> int:
-    """How many requests ``program`` runs at once on a pipeline of graph stages only (its
-    optional ``concurrent_requests`` attribute, default 1): their calls take each stage in
-    turn (one call at a time per stage, in arrival order), so one request's call of a stage
-    runs while another's calls a different stage."""
-    count = getattr(program, "concurrent_requests", 1)
-    return count if isinstance(count, int) and not isinstance(count, bool) and count > 1 else 1
-
-
-def single_thread_stages(program: object, config: PipelineConfig) -> tuple[str, ...]:
-    """The names of the graph stages whose calls gain nothing from a second thread (the
-    program's optional ``single_thread_stages`` attribute: stage ids); where its requests
-    overlap, the thread plan gives them one and leaves the other cores to the other stages."""
-    ids = getattr(program, "single_thread_stages", ())
-    return tuple(config.stages[i].name for i in ids if 0 <= i < len(config.stages))
-
-
-def solo_stages(program: object, config: PipelineConfig) -> tuple[str, ...]:
-    """The names of the graph stages ``program`` calls while its other stages wait (its
-    optional ``solo_stages`` attribute: stage ids); the thread plan gives them every core
-    even beside a language model (``runtime/backends/threads.py``)."""
-    ids = getattr(program, "solo_stages", ())
-    return tuple(config.stages[i].name for i in ids if 0 <= i < len(config.stages))
-
-
 class ChainProgram:
     """The linear chain of graph stages with model-owned handoff transforms."""
 
