@@ -7,21 +7,24 @@ process, the result handed over by the event loop, the copy ``run`` returns, ack
 the baseline is ``InferenceSession.run`` on a session made by the worker's own
 :func:`workers.ort_session.create_session` with the same arguments, so the session options
 (threads, config entries) are identical. Pipeline and baseline are timed in alternating
-batches so that machine noise falls on both. Beside them, the two-process floor
-(:mod:`benchmarks.pipe_floor`) shows what any worker process pays on this machine.
+batches so that machine noise falls on both; the two-process floor
+(:mod:`benchmarks.pipe_floor`), what any worker process pays on this machine, is timed in the
+same alternating batches, so the pipeline's ratio to it is measured side by side.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import subprocess
+import sys
 from typing import TYPE_CHECKING, Final
 
 from benchmarks import graphs
 from benchmarks.base import Benchmark, BenchOptions
 from benchmarks.baseline import in_process_session, session_call
 from benchmarks.figures import Comparator, FigureSpec, Goal, Subject
-from benchmarks.pipe_floor import measure_floor
+from benchmarks.pipe_floor import FloorWorker, floor_details
 from benchmarks.stats import Samples, interleaved, ms, rounded, time_calls
 from runtime.api import Omni
 from runtime.devices import DeviceSelection
@@ -74,8 +77,10 @@ def calibrate_matmul(workdir: Path, quick: bool) -> tuple[int, dict[int, float]]
         bundle = graphs.write_bundle(workdir / "calibration", f"matmul-{rows}", model, inputs)
         samples = time_calls(
             session_call(in_process_session(bundle), inputs),
-            warmup=5,
-            iterations=15 if quick else 40,
+            warmup=10,
+            # Enough calls that a moment of load does not pick another size: each size gives
+            # the call a different share of fixed costs, so its ratio to the floor differs.
+            iterations=30 if quick else 150,
         )
         tried[rows] = samples.p50
         if samples.p50 > 2 * TARGET_S:
@@ -106,33 +111,43 @@ def compare(
     )
     rounds = options.count(10, 3)
     batch = options.count(100, 40)
+    warmup = options.count(50, 10)
     with Omni.from_yaml(pipeline, selection=DeviceSelection()) as omni:
         threads = omni.execution_plan.to_json()["stages"][0]["threads"]
+        intra_op_threads = int(threads["intra_op_threads"])
+        allow_spinning = bool(threads["allow_spinning"])
         session = in_process_session(
-            bundle,
-            intra_op_threads=int(threads["intra_op_threads"]),
-            allow_spinning=bool(threads["allow_spinning"]),
+            bundle, intra_op_threads=intra_op_threads, allow_spinning=allow_spinning
         )
-        through, direct = interleaved(
-            [lambda: omni.run(inputs), session_call(session, inputs)],
-            warmup=options.count(50, 10),
-            rounds=rounds,
-            batch=batch,
-        )
+        calls = [lambda: omni.run(inputs), session_call(session, inputs)]
+        # What any worker process pays: the same session behind one byte each way on a pipe,
+        # timed in the same alternating batches as the pipeline and the in-process session.
+        floor: dict[str, Detail] = {}
+        with contextlib.ExitStack() as stack:
+            worker: FloorWorker | None = None
+            if sys.platform == "win32":
+                floor = {"floor": "not measured: the worker's pipes are passed by descriptor"}
+            else:
+                try:
+                    worker = stack.enter_context(
+                        FloorWorker(
+                            bundle,
+                            inputs,
+                            intra_op_threads=intra_op_threads,
+                            allow_spinning=allow_spinning,
+                            expected=session.run(None, dict(inputs)),
+                            output_names=[meta.name for meta in session.get_outputs()],
+                        )
+                    )
+                except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+                    floor = {"floor": f"not measured: {exc}"}
+            if worker is not None:
+                calls += [worker.call(copies=True), worker.call(copies=False)]
+            timed = interleaved(calls, warmup=warmup, rounds=rounds, batch=batch)
+        through, direct = timed[:2]
+        if worker is not None:
+            floor = floor_details(timed[2], timed[3], direct)
         worker_run, transfer = _stage_times(omni, rounds * batch)
-    # What any worker process pays: the same session behind one byte each way on a pipe.
-    try:
-        floor = measure_floor(
-            bundle,
-            inputs,
-            intra_op_threads=int(threads["intra_op_threads"]),
-            allow_spinning=bool(threads["allow_spinning"]),
-            rounds=rounds,
-            batch=batch,
-            warmup=options.count(50, 10),
-        )
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        floor = {"floor": f"not measured: {exc}"}
     return {
         "pipeline_p50_ms": rounded(ms(through.p50)),
         "pipeline_p99_ms": rounded(ms(through.p99)),
@@ -170,7 +185,7 @@ def _floor_note(details: Mapping[str, Detail]) -> str:
     if floor is None:
         return ""
     return (
-        f" In the same run, the two-process floor (the same session in a second process, one "
+        f" In the same batches, the two-process floor (the same session in a second process, one "
         f"byte each way on a pipe, no framing or checks) took {details['floor_p50_ms']} ms: "
         f"{floor}x in process with the inputs copied into shared memory and the outputs "
         f"copied out, {details['floor_without_copies_ratio']}x without those two copies."

@@ -20,6 +20,7 @@ import shutil
 import stat
 import time
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
@@ -634,12 +635,26 @@ def load_example_inputs(bundle: VerifiedBundle) -> dict[str, np.ndarray]:
         ) from None
 
 
+#: What reading an ``.npz`` archive may raise on a damaged or unsupported one: zipfile's
+#: encrypted entries (RuntimeError) and unsupported compression, versions or flags
+#: (NotImplementedError), a damaged deflate stream (zlib.error), besides a bad archive.
+NPZ_ERRORS: Final = (
+    OSError,
+    ValueError,
+    EOFError,
+    zipfile.BadZipFile,
+    NotImplementedError,
+    RuntimeError,
+    zlib.error,
+)
+
+
 def _load_npz(path: Path) -> dict[str, np.ndarray]:
     """Load an npz without pickle; ValueError says what is wrong and what is accepted."""
     accepted = "accepted: an .npz archive of numeric/boolean/string arrays (numpy.savez)"
     try:
         loaded = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+    except NPZ_ERRORS as exc:
         raise ValueError(f"cannot be loaded without pickle ({exc}); {accepted}") from None
     if not isinstance(loaded, np.lib.npyio.NpzFile):
         raise ValueError(f"is a single .npy array, not an archive of named arrays; {accepted}")
@@ -648,7 +663,7 @@ def _load_npz(path: Path) -> dict[str, np.ndarray]:
         for key in loaded.files:
             try:
                 arrays[key] = np.asarray(loaded[key])
-            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+            except NPZ_ERRORS as exc:
                 raise ValueError(f"array {key!r} cannot be loaded ({exc}); {accepted}") from None
     return arrays
 

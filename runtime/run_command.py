@@ -41,12 +41,13 @@ if TYPE_CHECKING:
 def _load_npz(path: str, what: str) -> dict[str, Any]:
     import numpy as np
 
+    from .artifacts import NPZ_ERRORS
     from .errors import UsageError
 
     try:
         with np.load(path, allow_pickle=False) as archive:
             return {name: archive[name] for name in archive.files}
-    except (OSError, ValueError) as exc:
+    except NPZ_ERRORS as exc:
         raise UsageError(f"{what} {path}: not a readable .npz of arrays ({exc})") from None
 
 

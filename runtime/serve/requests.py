@@ -9,13 +9,13 @@ from __future__ import annotations
 import io
 import json
 import math
-import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from runtime.artifacts import NPZ_ERRORS
 from runtime.chat import ROLES, ChatMessage
 from runtime.contracts.structured import ResponseFormatError, parse_response_format
 from runtime.serve.errors import invalid
@@ -293,7 +293,7 @@ def load_npz(body: bytes) -> dict[str, np.ndarray]:
     try:
         with np.load(io.BytesIO(body), allow_pickle=False) as archive:
             arrays = {name: archive[name] for name in archive.files}
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+    except NPZ_ERRORS as exc:
         raise invalid(
             f"the body is not a readable .npz archive ({exc}); accepted: numpy.savez output "
             "without object arrays",

@@ -101,6 +101,25 @@ def test_an_expect_mismatch_exits_4(demo_root: Path, tmp_path: Path) -> None:
     assert "sum: max abs error 1" in result.stdout
 
 
+def test_inputs_in_an_archive_zipfile_cannot_read_exit_2_naming_the_file(
+    demo_root: Path, tmp_path: Path
+) -> None:
+    """An encrypted entry (zipfile raises RuntimeError, not BadZipFile) is a usage error."""
+    inputs = tmp_path / "locked.npz"
+    np.savez(inputs, a=np.zeros((1, 1024), np.float32), b=np.zeros((1, 1024), np.float32))
+    data = bytearray(inputs.read_bytes())
+    for signature, flag_at in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
+        start = data.index(signature)
+        data[start + flag_at] |= 0x1  # "encrypted"
+    inputs.write_bytes(bytes(data))
+    result = _run(
+        tmp_path, "run", str(demo_root / "pipelines" / "add.yaml"), "--inputs", str(inputs)
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"--inputs {inputs}: not a readable .npz" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_a_tampered_bundle_exits_3_before_any_worker(demo_root: Path, tmp_path: Path) -> None:
     root = tmp_path / "tampered"
     shutil.copytree(demo_root / "bundles", root / "bundles")

@@ -175,6 +175,41 @@ def test_bodies_that_are_not_json_objects_or_npz_archives_are_refused() -> None:
     assert "holds no arrays" in _refused(load_npz, empty.getvalue()).message
 
 
+def _zip_entry_with(body: bytes, *, flags: int = 0, method: int | None = None) -> bytes:
+    """``body`` (a one-entry .npz) with the entry's flag bits or compression method changed
+    in its local and central headers, as a damaged or foreign archive would have them."""
+    data = bytearray(body)
+    for signature, flag_at, method_at in ((b"PK\x03\x04", 6, 8), (b"PK\x01\x02", 8, 10)):
+        start = data.index(signature)
+        data[start + flag_at : start + flag_at + 2] = (
+            int.from_bytes(data[start + flag_at : start + flag_at + 2], "little") | flags
+        ).to_bytes(2, "little")
+        if method is not None:
+            data[start + method_at : start + method_at + 2] = method.to_bytes(2, "little")
+    return bytes(data)
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"flags": 0x1}, "encrypted"),  # zipfile: RuntimeError, a password is required
+        ({"flags": 0x40}, "strong encryption"),  # NotImplementedError
+        ({"flags": 0x20}, "compressed patched data"),  # NotImplementedError
+        ({"method": 99}, "compression method"),  # NotImplementedError
+    ],
+)
+def test_an_archive_zipfile_cannot_read_is_a_typed_refusal(
+    change: dict[str, int], said: str
+) -> None:
+    """Found by the request fuzzer: entries zipfile refuses (encrypted, an unsupported
+    compression method or flag) once escaped as a 500."""
+    body = _zip_entry_with(dump_npz({"x": np.arange(3, dtype=np.float32)}), **change)
+    refused = _refused(load_npz, body)
+    assert refused.code == "invalid_npz"
+    assert said in refused.message
+    assert "accepted: numpy.savez output" in refused.message
+
+
 def test_runtime_errors_map_to_statuses_with_their_message() -> None:
     busy = from_runtime_error(ResourceUnavailable("pipeline x is busy"))
     assert (busy.status, busy.headers, busy.code) == (429, {"Retry-After": "1"}, "pipeline_busy")
