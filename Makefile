@@ -43,8 +43,9 @@ unit: setup
 slow: setup
 	HYPOTHESIS_PROFILE=slow $(PYTEST) -m slow $(PYTEST_ARGS)
 
-# Fault matrix, security checks, fuzzing and the 1,000-request soak, written to
-# benchmarks/results/reliability.json (about 25 minutes on two cores).
+# Fault matrix, security checks, fuzzing (the server's endpoints too), the 1,000-request soak
+# and the server's 10-minute soak, written to benchmarks/results/reliability.json (about 26
+# minutes on two cores).
 FUZZ_EXAMPLES ?= 10000
 SOAK_REQUESTS ?= 1000
 reliability: setup
