@@ -3,32 +3,19 @@ each pipeline's queue, live: a request waiting for a busy pipeline shows, and go
 
 from __future__ import annotations
 
-import io
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 
 from runtime.serve.endpoints import ENDPOINTS
-from tests.runtime.engine.support import StageSpec, write_pipeline
+from tests.runtime.engine.support import StageSpec, loop_request_npz, write_pipeline
 from tests.workers.support import make_loop_bundle
 
 #: Loop steps of a call that lasts seconds on two cores.
 LONG_STEPS = 2500
-
-
-def _loop_inputs(steps: int) -> bytes:
-    buffer = io.BytesIO()
-    rng = np.random.default_rng(0)
-    np.savez(
-        buffer,
-        x=rng.standard_normal((1024, 256)).astype(np.float32),
-        n=np.array(steps, np.int64),
-    )
-    return buffer.getvalue()
 
 
 def test_the_serve_panel_lists_the_endpoints_and_shows_the_queue_live(
@@ -60,7 +47,7 @@ def test_the_serve_panel_lists_the_endpoints_and_shows_the_queue_live(
         with httpx.Client(base_url=address, timeout=120) as client:
             answers.append(
                 client.post(
-                    "/omni/run", params={"model": "loop"}, content=_loop_inputs(steps)
+                    "/omni/run", params={"model": "loop"}, content=loop_request_npz(steps)
                 ).status_code
             )
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import numpy as np
 import psutil
 import yaml
 
@@ -16,8 +17,6 @@ from tests.helpers.shm import session_segments
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
-
-    import numpy as np
 
     from runtime.backends.base import CallResult
     from runtime.backends.graph import GraphStageClient
@@ -33,6 +32,22 @@ PLACEMENT_WORKER = HERE / "placement_worker.py"
 SHM_DIR = Path("/dev/shm")
 #: A step count no test waits for: only cancellation (or a kill) ends such a call.
 ENDLESS_STEPS = 10**12
+
+
+def loop_inputs(manifest: Path, steps: int) -> dict[str, np.ndarray]:
+    """The loop bundle's example ``x`` with ``steps`` loop steps."""
+    with np.load(manifest.parent / "inputs.npz", allow_pickle=False) as archive:
+        return {"x": archive["x"], "n": np.array(steps, np.int64)}
+
+
+def loop_request_npz(steps: int) -> bytes:
+    """An ``.npz`` request body for the loop pipeline: a fixed ``x`` and ``steps`` steps."""
+    from runtime.serve.requests import dump_npz
+
+    rng = np.random.default_rng(0)
+    return dump_npz(
+        {"x": rng.standard_normal((1024, 256)).astype(np.float32), "n": np.array(steps, np.int64)}
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from tests.runtime.engine.support import (
     ENDLESS_STEPS,
     StageSpec,
     controller_segments,
+    loop_inputs,
     process_gone,
     wait_busy,
     wait_until,
@@ -43,11 +44,6 @@ def _pair(seed: int) -> dict[str, np.ndarray]:
         "a": rng.standard_normal((1, 1024)).astype(np.float32),
         "b": rng.standard_normal((1, 1024)).astype(np.float32),
     }
-
-
-def _loop_inputs(manifest: Path, steps: int) -> dict[str, np.ndarray]:
-    with np.load(manifest.parent / "inputs.npz", allow_pickle=False) as archive:
-        return {"x": archive["x"], "n": np.array(steps, np.int64)}
 
 
 def _recorder(events: EventBus) -> list[object]:
@@ -109,18 +105,18 @@ def test_a_request_submitted_during_a_direct_run_is_refused_or_queued_then_runs(
         outcome: dict[str, Any] = {}
 
         def direct() -> None:
-            outcome["first"] = omni.run(_loop_inputs(loop_manifest, steps))
+            outcome["first"] = omni.run(loop_inputs(loop_manifest, steps))
 
         runner = threading.Thread(target=direct)
         runner.start()
         wait_until(lambda: client.slot is not None, "the direct call to start")
         # One request waits in the queue (max_queued: 1); a third is refused, naming both.
-        queued = engine_of(omni).submit(_loop_inputs(loop_manifest, 3))
+        queued = engine_of(omni).submit(loop_inputs(loop_manifest, 3))
         with pytest.raises(ResourceUnavailable, match="queue holds at most 1"):
-            engine_of(omni).submit(_loop_inputs(loop_manifest, 3))
+            engine_of(omni).submit(loop_inputs(loop_manifest, 3))
         runner.join(120)
         assert not runner.is_alive()
-        inputs = _loop_inputs(loop_manifest, 3)
+        inputs = loop_inputs(loop_manifest, 3)
         # The queued request is launched on the loop once the direct one finished.
         item = queued.stream.next_future().result(30)
         np.testing.assert_allclose(
@@ -144,7 +140,7 @@ def test_cancelling_a_direct_run_from_another_thread_retires_the_worker(
 
         def direct() -> None:
             try:
-                omni.run(_loop_inputs(loop_manifest, ENDLESS_STEPS))
+                omni.run(loop_inputs(loop_manifest, ENDLESS_STEPS))
             except BaseException as exc:
                 caught.append(exc)
 
@@ -163,7 +159,7 @@ def test_cancelling_a_direct_run_from_another_thread_retires_the_worker(
         assert [event.status for event in finished] == ["cancelled"]
         # As for any cancelled active call, the stage is retired until the pipeline is recreated.
         with pytest.raises(StageRetired):
-            omni.run(_loop_inputs(loop_manifest, 3))
+            omni.run(loop_inputs(loop_manifest, 3))
     assert not controller_segments()
 
 
@@ -179,7 +175,7 @@ def test_a_worker_killed_during_a_direct_run_fails_it_at_once(
         timer.start()
         started = time.monotonic()
         with pytest.raises(WorkerDied):
-            omni.run(_loop_inputs(loop_manifest, ENDLESS_STEPS))
+            omni.run(loop_inputs(loop_manifest, ENDLESS_STEPS))
         assert time.monotonic() - started < 5.0
         timer.join()
         assert omni.metrics()["requests"][-1]["status"] == "failed"
@@ -214,7 +210,7 @@ def test_closing_the_pipeline_during_a_direct_run_ends_it(
 
     def direct() -> None:
         try:
-            omni.run(_loop_inputs(loop_manifest, ENDLESS_STEPS))
+            omni.run(loop_inputs(loop_manifest, ENDLESS_STEPS))
         except BaseException as exc:
             caught.append(exc)
 

@@ -23,6 +23,7 @@ from tests.runtime.engine.support import (
     MISBEHAVING_WORKER,
     StageSpec,
     controller_segments,
+    loop_inputs,
     process_gone,
     wait_busy,
     wait_until,
@@ -37,11 +38,6 @@ def _ignores_sigterm(pid: int) -> bool:
         if line.startswith("SigIgn:"):
             return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
     return False
-
-
-def _loop_inputs(manifest: Path, steps: int) -> dict[str, np.ndarray]:
-    with np.load(manifest.parent / "inputs.npz", allow_pickle=False) as archive:
-        return {"x": archive["x"], "n": np.array(steps, np.int64)}
 
 
 def test_cancelling_an_active_call_retires_the_worker_within_the_deadline(
@@ -61,7 +57,7 @@ def test_cancelling_an_active_call_retires_the_worker_within_the_deadline(
         pid = client.pid
         assert pid is not None
         (reservation,) = ledger.snapshot().reservations
-        request = engine_of(omni).submit(_loop_inputs(loop_manifest, ENDLESS_STEPS))
+        request = engine_of(omni).submit(loop_inputs(loop_manifest, ENDLESS_STEPS))
         wait_busy(pid)
         # The call is running and has not finished: it runs until cancelled.
         pending = request.stream.next_future()
@@ -85,12 +81,12 @@ def test_cancelling_an_active_call_retires_the_worker_within_the_deadline(
         # The stage stays unusable until the pipeline is recreated.
         assert not client.usable
         with pytest.raises(StageRetired, match="recreate the pipeline"):
-            omni.run(_loop_inputs(loop_manifest, 1))
+            omni.run(loop_inputs(loop_manifest, 1))
         with pytest.raises(StageRetired):
-            omni.run(_loop_inputs(loop_manifest, 1))
+            omni.run(loop_inputs(loop_manifest, 1))
 
     with Omni(pipeline, ledger=ledger, **options) as omni:
-        inputs = _loop_inputs(loop_manifest, 3)
+        inputs = loop_inputs(loop_manifest, 3)
         result = omni.run(inputs)
         np.testing.assert_allclose(result["y"], loop_reference(inputs["x"], 3), rtol=0, atol=1e-5)
     assert ledger.snapshot().is_empty

@@ -8,8 +8,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from runtime.api import Omni
 from runtime.events import EventBus, RequestFinished, WorkerRetired
 from runtime.ledger import ResourceLedger
@@ -18,6 +16,7 @@ from tests.runtime.engine.support import (
     ENDLESS_STEPS,
     StageSpec,
     controller_segments,
+    loop_inputs,
     process_gone,
     wait_busy,
     wait_until,
@@ -26,11 +25,6 @@ from tests.runtime.engine.support import (
 
 #: Loop steps of a call that runs for a while (under a second on two cores).
 SOME_STEPS = 600
-
-
-def _loop_inputs(manifest: Path, steps: int) -> dict[str, np.ndarray]:
-    with np.load(manifest.parent / "inputs.npz", allow_pickle=False) as archive:
-        return {"x": archive["x"], "n": np.array(steps, np.int64)}
 
 
 def _recorder(events: EventBus) -> list[Any]:
@@ -54,7 +48,7 @@ def test_a_stopped_request_ends_after_its_call_and_keeps_the_worker(
         (client,) = engine_of(omni).clients
         pid = client.pid
         assert pid is not None
-        handle = omni.session.submit(_loop_inputs(loop_manifest, SOME_STEPS))
+        handle = omni.session.submit(loop_inputs(loop_manifest, SOME_STEPS))
         wait_busy(pid)
         assert handle.stop()
         assert not handle.stop()  # idempotent
@@ -66,7 +60,7 @@ def test_a_stopped_request_ends_after_its_call_and_keeps_the_worker(
         assert client.usable
         assert client.pid == pid
         # Its output was acknowledged as it came: the pipeline serves the next request.
-        result = omni.run(_loop_inputs(loop_manifest, 1))
+        result = omni.run(loop_inputs(loop_manifest, 1))
         assert result
     assert ledger.snapshot().is_empty
     assert not controller_segments()
@@ -82,7 +76,7 @@ def test_a_stopped_request_that_overruns_the_grace_is_cancelled(
         (client,) = engine_of(omni).clients
         pid = client.pid
         assert pid is not None
-        handle = omni.session.submit(_loop_inputs(loop_manifest, ENDLESS_STEPS))
+        handle = omni.session.submit(loop_inputs(loop_manifest, ENDLESS_STEPS))
         wait_busy(pid)
         stopped = time.monotonic()
         assert handle.stop(grace_s=0.5)
@@ -107,9 +101,9 @@ def test_a_stopped_request_still_queued_never_runs(
     with Omni(pipeline, events=events, **options) as omni:
         (client,) = engine_of(omni).clients
         assert client.pid is not None
-        running = omni.session.submit(_loop_inputs(loop_manifest, SOME_STEPS))
+        running = omni.session.submit(loop_inputs(loop_manifest, SOME_STEPS))
         wait_busy(client.pid)
-        queued = omni.session.submit(_loop_inputs(loop_manifest, SOME_STEPS))
+        queued = omni.session.submit(loop_inputs(loop_manifest, SOME_STEPS))
         assert queued.stop()
         wait_until(
             lambda: (

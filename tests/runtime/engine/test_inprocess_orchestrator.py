@@ -24,7 +24,14 @@ from runtime.ledger import ResourceLedger
 from tests.helpers.engine import engine_of
 from tests.helpers.onnx_graphs import make_bundle
 from tests.runtime.engine.inprocess_support import BURST_PROGRAM, write_inprocess_pipeline
-from tests.runtime.engine.support import ENDLESS_STEPS, call_stage, child_pids, on_loop, wait_until
+from tests.runtime.engine.support import (
+    ENDLESS_STEPS,
+    call_stage,
+    child_pids,
+    loop_inputs,
+    on_loop,
+    wait_until,
+)
 from tests.workers.support import loop_reference
 
 if TYPE_CHECKING:
@@ -53,11 +60,6 @@ def _graph_client(omni: Omni, index: int = 0) -> InProcessGraphClient:
     client = engine_of(omni).clients[index]
     assert isinstance(client, InProcessGraphClient)
     return client
-
-
-def _loop_inputs(manifest: Path, steps: int) -> dict[str, np.ndarray]:
-    with np.load(manifest.parent / "inputs.npz", allow_pickle=False) as archive:
-        return {"x": archive["x"], "n": np.array(steps, np.int64)}
 
 
 def test_a_chain_runs_in_this_process_with_the_graph_contract(
@@ -185,7 +187,7 @@ def test_cancelling_mid_call_stops_it_and_retires_the_stage(
     ledger = ResourceLedger(name="inprocess-loop")
     with Omni(pipeline, ledger=ledger, **options) as omni:
         client = _graph_client(omni)
-        request = engine_of(omni).submit(_loop_inputs(loop_manifest, ENDLESS_STEPS))
+        request = engine_of(omni).submit(loop_inputs(loop_manifest, ENDLESS_STEPS))
         wait_until(lambda: client.slot is not None, "the endless call to start")
         pending = request.stream.next_future()
         time.sleep(0.05)
@@ -200,7 +202,7 @@ def test_cancelling_mid_call_stops_it_and_retires_the_stage(
         assert not client.usable
         assert omni.execution_plan.stages[0].usable is True  # the plan taken at start
         assert client.record().usable is False
-        later = engine_of(omni).submit(_loop_inputs(loop_manifest, 1))
+        later = engine_of(omni).submit(loop_inputs(loop_manifest, 1))
         error = _next(later)
         assert isinstance(error, StageRetired)
         assert "recreate the pipeline" in str(error)
@@ -214,7 +216,7 @@ def test_a_stale_acknowledgement_is_ignored(
         client = _graph_client(omni)
         older = RequestKey("direct")
         current = older.fenced()
-        inputs = _loop_inputs(loop_manifest, 2)
+        inputs = loop_inputs(loop_manifest, 2)
         result = call_stage(engine_of(omni), client, current, inputs)
         np.testing.assert_allclose(
             result.outputs["y"], loop_reference(inputs["x"], 2), rtol=1e-4, atol=1e-5

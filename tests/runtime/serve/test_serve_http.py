@@ -26,7 +26,8 @@ import soundfile
 from helpers.onnx_graphs import example_inputs, make_bundle
 
 from runtime.engine.orchestrator import STOP_GRACE_S
-from tests.runtime.engine.support import ENDLESS_STEPS, StageSpec, write_pipeline
+from runtime.serve.requests import dump_npz
+from tests.runtime.engine.support import ENDLESS_STEPS, StageSpec, loop_request_npz, write_pipeline
 from tests.runtime.serve.support import API_KEY, REPO, ServeProcess, wait_until
 from tests.workers.support import make_loop_bundle
 
@@ -100,19 +101,6 @@ def _idle(server: ServeProcess) -> bool:
     return all(
         entry["state"] == "ready" and entry["in_flight"] == 0
         for entry in server.pipelines().values()
-    )
-
-
-def _npz(arrays: dict[str, np.ndarray]) -> bytes:
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)  # type: ignore[arg-type]
-    return buffer.getvalue()
-
-
-def _loop_inputs(steps: int) -> bytes:
-    rng = np.random.default_rng(0)
-    return _npz(
-        {"x": rng.standard_normal((1024, 256)).astype(np.float32), "n": np.array(steps, np.int64)}
     )
 
 
@@ -285,7 +273,7 @@ def test_a_client_leaving_speech_mid_stream_cancels_it(server: ServeProcess) -> 
 def test_a_graph_run_takes_an_npz_and_returns_one(server: ServeProcess) -> None:
     inputs = example_inputs("add")
     with server.client() as http:
-        response = http.post("/omni/run", params={"model": "add"}, content=_npz(inputs))
+        response = http.post("/omni/run", params={"model": "add"}, content=dump_npz(inputs))
     assert response.status_code == 200, response.text
     with np.load(io.BytesIO(response.content), allow_pickle=False) as outputs:
         np.testing.assert_allclose(outputs["c"], inputs["a"] + inputs["b"], rtol=1e-6)
@@ -297,17 +285,17 @@ def test_graph_input_errors_are_400s_naming_the_input(server: ServeProcess) -> N
         assert response.status_code == 400
         assert response.json()["error"]["code"] == "invalid_npz"
         wrong = {"a": np.zeros(3, np.float32), "b": np.zeros(3, np.float32)}
-        response = http.post("/omni/run", params={"model": "add"}, content=_npz(wrong))
+        response = http.post("/omni/run", params={"model": "add"}, content=dump_npz(wrong))
         assert response.status_code == 400
         assert "input 'a' has shape [3]" in response.json()["error"]["message"]
-        response = http.post("/omni/run", content=_npz(wrong))
+        response = http.post("/omni/run", content=dump_npz(wrong))
         assert response.status_code == 400
         assert "?model=NAME" in response.json()["error"]["message"]
 
 
 def _start_endless(server: ServeProcess, model: str) -> RawPost:
     raw = RawPost(
-        server, f"/omni/run?model={model}", _loop_inputs(ENDLESS_STEPS), "application/x-npz"
+        server, f"/omni/run?model={model}", loop_request_npz(ENDLESS_STEPS), "application/x-npz"
     )
     wait_until(lambda: server.pipelines()[model]["in_flight"] == 1, f"{model} to be busy")
     return raw
@@ -317,7 +305,7 @@ def test_a_busy_graph_pipeline_answers_429_with_retry_after(server: ServeProcess
     raw = _start_endless(server, "loop")
     try:
         with server.client() as http:
-            response = http.post("/omni/run", params={"model": "loop"}, content=_loop_inputs(1))
+            response = http.post("/omni/run", params={"model": "loop"}, content=loop_request_npz(1))
         assert response.status_code == 429
         assert response.headers["retry-after"] == "1"
         error = response.json()["error"]
@@ -333,7 +321,7 @@ def test_a_busy_graph_pipeline_answers_429_with_retry_after(server: ServeProcess
     )
     wait_until(lambda: server.pipelines()["loop"]["state"] == "ready", "loop to be back", 60)
     with server.client() as http:
-        response = http.post("/omni/run", params={"model": "loop"}, content=_loop_inputs(1))
+        response = http.post("/omni/run", params={"model": "loop"}, content=loop_request_npz(1))
     assert response.status_code == 200
 
 
@@ -343,7 +331,9 @@ def test_max_queued_lets_a_request_wait_and_the_next_gets_429(server: ServeProce
     def post(steps: int) -> None:
         with server.client() as http:
             answers.append(
-                http.post("/omni/run", params={"model": "loop_queued"}, content=_loop_inputs(steps))
+                http.post(
+                    "/omni/run", params={"model": "loop_queued"}, content=loop_request_npz(steps)
+                )
             )
 
     # A call of some seconds, and one that waits for it in the pipeline's queue.
@@ -358,7 +348,7 @@ def test_max_queued_lets_a_request_wait_and_the_next_gets_429(server: ServeProce
         )
         with server.client() as http:
             response = http.post(
-                "/omni/run", params={"model": "loop_queued"}, content=_loop_inputs(1)
+                "/omni/run", params={"model": "loop_queued"}, content=loop_request_npz(1)
             )
         assert response.status_code == 429
         assert response.headers["retry-after"] == "1"
@@ -375,7 +365,7 @@ def test_a_client_leaving_a_call_lets_it_end_and_keeps_the_workers(
     before = server.workers()
     # A call of about a second: well within the grace, even on a busy machine.
     raw = RawPost(
-        server, "/omni/run?model=loop", _loop_inputs(QUEUE_STEPS // 4), "application/x-npz"
+        server, "/omni/run?model=loop", loop_request_npz(QUEUE_STEPS // 4), "application/x-npz"
     )
     wait_until(lambda: server.pipelines()["loop"]["in_flight"] == 1, "loop to be busy")
     raw.leave()
@@ -386,7 +376,7 @@ def test_a_client_leaving_a_call_lets_it_end_and_keeps_the_workers(
     assert server.pipelines()["loop"]["finished"]["cancelled"] >= 1
     assert server.workers() == before
     with server.client() as http:
-        response = http.post("/omni/run", params={"model": "loop"}, content=_loop_inputs(1))
+        response = http.post("/omni/run", params={"model": "loop"}, content=loop_request_npz(1))
     assert response.status_code == 200
 
 

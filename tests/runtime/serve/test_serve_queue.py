@@ -24,8 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from runtime.errors import UsageError
 from runtime.serve import PipelineRegistry, ServeApp, ServeOptions
 from runtime.serve.endpoints import ENDPOINTS, PATHS
+from runtime.serve.requests import dump_npz
 from tests.runtime.engine.conftest import demo_root
-from tests.runtime.engine.support import StageSpec, write_pipeline
+from tests.runtime.engine.support import StageSpec, loop_request_npz, write_pipeline
 from tests.runtime.serve.support import API_KEY, REPO, ServeProcess, wait_until
 from tests.workers.support import make_loop_bundle
 
@@ -38,19 +39,6 @@ LONG_STEPS = 4000
 #: Loop steps of a call that lasts a noticeable moment (tens of milliseconds).
 SHORT_STEPS = 150
 CLIENTS = 10
-
-
-def _npz(arrays: dict[str, np.ndarray]) -> bytes:
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    return buffer.getvalue()
-
-
-def _loop_inputs(steps: int) -> bytes:
-    rng = np.random.default_rng(0)
-    return _npz(
-        {"x": rng.standard_normal((1024, 256)).astype(np.float32), "n": np.array(steps, np.int64)}
-    )
 
 
 def _stop_cleanly(process: ServeProcess) -> None:
@@ -115,7 +103,7 @@ class Poster:
         try:
             with self.server.client() as http:
                 self.response = http.post(
-                    "/omni/run", params={"model": "loop"}, content=_loop_inputs(self.steps)
+                    "/omni/run", params={"model": "loop"}, content=loop_request_npz(self.steps)
                 )
             self.answered_at = time.monotonic()
         except BaseException as exc:  # the test reads it
@@ -202,7 +190,7 @@ def test_a_queued_client_that_disconnects_leaves_the_queue_and_never_runs(
     before = _finished_total(server)
     first = Poster(server, LONG_STEPS)
     wait_until(lambda: _loop(server)["in_flight"] == 1, "the first call to run")
-    gone = RawPost(server, "/omni/run?model=loop", _loop_inputs(1), "application/x-npz")
+    gone = RawPost(server, "/omni/run?model=loop", loop_request_npz(1), "application/x-npz")
     wait_until(lambda: _loop(server)["queued"] == 1, "the request to queue")
     gone.leave()
     wait_until(lambda: _loop(server)["queued"] == 0, "the gone client to leave the queue", 10)
@@ -223,7 +211,7 @@ def test_a_full_queue_answers_429_naming_the_queue(small_server: ServeProcess) -
     second = Poster(small_server, 1)
     wait_until(lambda: _loop(small_server)["queued"] == 1, "the second to queue")
     with small_server.client() as http:
-        response = http.post("/omni/run", params={"model": "loop"}, content=_loop_inputs(1))
+        response = http.post("/omni/run", params={"model": "loop"}, content=loop_request_npz(1))
     assert response.status_code == 429
     assert response.headers["retry-after"] == "1"
     error = response.json()["error"]
@@ -284,7 +272,9 @@ def test_metrics_count_requests_durations_tokens_of_audio_and_queue_depth(
 ) -> None:
     before = _scrape(server)
     with server.client() as http:
-        inputs = _npz({"a": np.ones((1, 1024), np.float32), "b": np.ones((1, 1024), np.float32)})
+        inputs = dump_npz(
+            {"a": np.ones((1, 1024), np.float32), "b": np.ones((1, 1024), np.float32)}
+        )
         for _ in range(3):
             assert http.post("/omni/run", params={"model": "demo_add"}, content=inputs).is_success
         refused = http.post("/omni/run", params={"model": "demo_add"}, content=b"not an npz")
