@@ -16,8 +16,7 @@ def concurrent_stages(program: object, config: PipelineConfig) -> tuple[str, ...
     """The names of the graph stages ``program`` may call at the same time for one request
     (its optional ``concurrent_stages`` attribute: stage ids); the thread plan splits the cores
     between them where they can each have their own (``runtime/backends/threads.py``)."""
-    ids = getattr(program, "concurrent_stages", ())
-    return tuple(config.stages[i].name for i in ids if 0 <= i < len(config.stages))
+    return _stage_names(program, config, "concurrent_stages")
 
 
 def concurrent_requests(program: object) -> int:
@@ -33,13 +32,17 @@ def single_thread_stages(program: object, config: PipelineConfig) -> tuple[str, 
     """The names of the graph stages whose calls gain nothing from a second thread (the
     program's optional ``single_thread_stages`` attribute: stage ids); where its requests
     overlap, the thread plan gives them one and leaves the other cores to the other stages."""
-    ids = getattr(program, "single_thread_stages", ())
-    return tuple(config.stages[i].name for i in ids if 0 <= i < len(config.stages))
+    return _stage_names(program, config, "single_thread_stages")
 
 
 def solo_stages(program: object, config: PipelineConfig) -> tuple[str, ...]:
     """The names of the graph stages ``program`` calls while its other stages wait (its
     optional ``solo_stages`` attribute: stage ids); the thread plan gives them every core
     even beside a language model (``runtime/backends/threads.py``)."""
-    ids = getattr(program, "solo_stages", ())
+    return _stage_names(program, config, "solo_stages")
+
+
+def _stage_names(program: object, config: PipelineConfig, attribute: str) -> tuple[str, ...]:
+    """The names of the stages whose ids the program's optional ``attribute`` lists."""
+    ids = getattr(program, attribute, ())
     return tuple(config.stages[i].name for i in ids if 0 <= i < len(config.stages))

@@ -127,12 +127,12 @@ class StageRuntime:
         self.timeouts = timeouts
         self.llm_timeouts = llm_timeouts
         self.env_dir = env_dir
+        #: Requests a pipeline of graph stages runs at once (its program declares it).
+        self.requests = max(1, requests)
         #: ONNX Runtime threads of each graph stage, split between stages that run at once
         #: (``concurrent``: graph stages the program may call at the same time; ``solo``:
         #: those it calls while the others wait; ``single_thread``: those that gain nothing
         #: from a second thread, given one where requests overlap).
-        #: Requests a pipeline of graph stages runs at once (its program declares it).
-        self.requests = max(1, requests)
         self.threads = plan_threads(
             config,
             concurrent=concurrent,
