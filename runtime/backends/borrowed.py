@@ -76,6 +76,8 @@ class BorrowedReader:
         #: Held by a direct call for as long as it runs.
         self.lock = threading.Lock()
         self._lent = False
+        #: Direct calls that ran with the pipe lent (their thread read the result itself).
+        self.lent_calls = 0
         self._last_call = 0.0
         self._wake: tuple[int, int] | None = None
         self._poll: Any = None
@@ -91,6 +93,7 @@ class BorrowedReader:
         """Have the pipe lent to this thread (a no-op while it is); False when the loop
         keeps it (the caller then waits for the loop to hand its result over)."""
         if self._lent:
+            self.lent_calls += 1
             return True
         if self._closed or self._loop.is_closed() or self._channel.read_fd is None:
             return False
@@ -120,6 +123,8 @@ class BorrowedReader:
             return False
         if not lent.wait(LEND_TIMEOUT_S):
             return False
+        if outcome[0]:
+            self.lent_calls += 1
         return outcome[0]
 
     def wait(self, future: cf.Future[Any]) -> None:

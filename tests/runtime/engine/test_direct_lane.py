@@ -236,20 +236,24 @@ def test_direct_runs_read_their_own_results_and_the_loop_takes_the_pipe_back(
         reader = client._borrowed  # type: ignore[attr-defined]
         # The loop lent the pipe: the caller's thread read its result itself.
         assert reader is not None
-        assert reader.lent
+        assert reader.lent_calls == 1
         # Idle, the loop watches the pipe again, and a request through the loop is served.
         wait_until(lambda: not reader.lent, "the loop to take the pipe back", 2.0)
         outputs = [output for output in omni.generate(_pair(2)) if output.finished]
         np.testing.assert_allclose(
             outputs[-1].outputs["sum"], _pair(2)["a"] + _pair(2)["b"], rtol=1e-6
         )
-        # Direct runs right after a request through the loop borrow the pipe again.
+        assert reader.lent_calls == 1
+        # Its last output reaches the caller before the loop ends the request; until then a
+        # run takes the loop's way. Direct runs right after it borrow the pipe again.
+        engine = engine_of(omni)
+        wait_until(lambda: not engine._running, "the request through the loop to end", 5.0)
         for seed in range(3, 8):
             result = omni.run(_pair(seed))
             np.testing.assert_allclose(
                 result["sum"], _pair(seed)["a"] + _pair(seed)["b"], rtol=1e-6
             )
-        assert reader.lent
+        assert reader.lent_calls == 6
     assert not reader.lent
     assert not controller_segments()
 
@@ -260,7 +264,7 @@ def test_a_worker_killed_between_direct_runs_is_noticed_without_a_call(
     with Omni(demo_root / "pipelines" / "add.yaml", **options) as omni:
         (client,) = engine_of(omni).clients
         omni.run(_pair(1))
-        assert client._borrowed.lent  # type: ignore[attr-defined]
+        assert client._borrowed.lent_calls == 1  # type: ignore[attr-defined]
         pid = client.pid
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
@@ -299,6 +303,7 @@ def test_a_direct_run_frees_its_input_slots_before_it_returns(tmp_path: Path) ->
             arena = channel.arena(client.name)
             assert arena is not None
             assert arena.retained_count == 0
-        assert client._borrowed.lent  # type: ignore[attr-defined]
+        # Every run read its own result (and its acknowledgements) on the calling thread.
+        assert client._borrowed.lent_calls == 20  # type: ignore[attr-defined]
         assert "ack" not in handled
     assert not controller_segments()

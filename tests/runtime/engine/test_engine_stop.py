@@ -86,6 +86,9 @@ def test_a_stopped_request_that_overruns_the_grace_is_cancelled(
         (finished,) = [e for e in seen if isinstance(e, RequestFinished)]
         assert finished.status == "cancelled"
         assert "did not stop within 0.5 s; cancelling it" in caplog.text
+        # The retirement is announced once the worker's reservation is settled, which may
+        # come after the request ended.
+        wait_until(lambda: any(isinstance(e, WorkerRetired) for e in seen), "the retirement", 30)
         assert [e.stage for e in seen if isinstance(e, WorkerRetired)] == ["stage-0"]
         assert not client.usable
 
