@@ -24,7 +24,7 @@ from benchmarks import graphs
 from benchmarks.base import Benchmark, BenchOptions
 from benchmarks.baseline import in_process_session, session_call
 from benchmarks.figures import Comparator, FigureSpec, Goal, Subject
-from benchmarks.pipe_floor import FloorWorker, floor_details
+from benchmarks.pipe_floor import NOT_ON_WINDOWS, FloorWorker, floor_details
 from benchmarks.stats import Samples, interleaved, ms, rounded, time_calls
 from runtime.api import Omni
 from runtime.devices import DeviceSelection
@@ -126,17 +126,16 @@ def compare(
         with contextlib.ExitStack() as stack:
             worker: FloorWorker | None = None
             if sys.platform == "win32":
-                floor = {"floor": "not measured: the worker's pipes are passed by descriptor"}
+                floor = {"floor": NOT_ON_WINDOWS}
             else:
                 try:
                     worker = stack.enter_context(
                         FloorWorker(
                             bundle,
                             inputs,
+                            session,
                             intra_op_threads=intra_op_threads,
                             allow_spinning=allow_spinning,
-                            expected=session.run(None, dict(inputs)),
-                            output_names=[meta.name for meta in session.get_outputs()],
                         )
                     )
                 except (OSError, RuntimeError, subprocess.SubprocessError) as exc:

@@ -35,9 +35,13 @@ from benchmarks.stats import Samples, interleaved, ms, rounded
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
+    import onnxruntime as ort
+
     from benchmarks.figures import Detail
     from runtime.artifacts import VerifiedBundle
 
+#: Why the floor is not measured on Windows.
+NOT_ON_WINDOWS: Final = "not measured: the worker's pipes are passed by descriptor (POSIX)"
 #: Seconds the worker may take to stop once told.
 STOP_TIMEOUT_S: Final = 30.0
 _ALIGN: Final = 64
@@ -72,21 +76,22 @@ class FloorWorker:
         self,
         bundle: VerifiedBundle,
         inputs: Mapping[str, np.ndarray],
+        session: ort.InferenceSession,
         *,
         intra_op_threads: int,
         allow_spinning: bool,
-        expected: Sequence[np.ndarray],
-        output_names: Sequence[str],
         python: str | None = None,
     ) -> None:
+        """``session`` is the in-process session of ``bundle`` made with the same thread
+        options; its outputs for ``inputs`` are what the worker's first call must give."""
         self._bundle = bundle
         self._feed = {name: np.ascontiguousarray(array) for name, array in inputs.items()}
         self._threads = intra_op_threads
         self._spinning = allow_spinning
-        self._expected = list(expected)
+        self._expected = list(session.run(None, self._feed))
         self._outputs = {
-            name: (tuple(value.shape), str(value.dtype))
-            for name, value in zip(output_names, expected, strict=True)
+            meta.name: (tuple(value.shape), str(value.dtype))
+            for meta, value in zip(session.get_outputs(), self._expected, strict=True)
         }
         self._python = python or sys.executable
         self._owned: list[int] = []
@@ -234,19 +239,17 @@ def measure_floor(
     from benchmarks.baseline import in_process_session, session_call
 
     if sys.platform == "win32":
-        return {"floor": "not measured: the worker's pipes are passed by descriptor (POSIX)"}
+        return {"floor": NOT_ON_WINDOWS}
     session = in_process_session(
         bundle, intra_op_threads=intra_op_threads, allow_spinning=allow_spinning
     )
     feed = {name: np.ascontiguousarray(array) for name, array in inputs.items()}
-    expected = session.run(None, feed)
     with FloorWorker(
         bundle,
         feed,
+        session,
         intra_op_threads=intra_op_threads,
         allow_spinning=allow_spinning,
-        expected=expected,
-        output_names=[meta.name for meta in session.get_outputs()],
         python=python,
     ) as worker:
         floor, bare, direct = interleaved(
