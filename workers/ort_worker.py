@@ -87,6 +87,7 @@ if TYPE_CHECKING:
     from runtime.contracts.codec import Frame
     from runtime.contracts.messages import Message
     from runtime.transport.arena import ArenaSlot, ShmArena
+    from runtime.transport.channel import PreparedFrame
 
 WORKER_NAME: Final = "ort"
 #: The run option naming a captured device graph (ONNX Runtime's ``gpu_graph_id``).
@@ -342,6 +343,9 @@ class GraphWorker:
         # missing entry costs it a raised and caught exception (about 40 us here); "0" is
         # the value it assumes when the entry is missing.
         options.add_run_config_entry(GRAPH_ID_ENTRY, "0")
+        # Outputs placed in the arena are known before the run: their result is encoded now,
+        # so that once the run ends the worker only fills in its time and writes it.
+        prepared = self._prepare_result(message, placed, copied, acks)
         with self._lock:
             self._running = message
             self._options = options
@@ -365,12 +369,25 @@ class GraphWorker:
         # The inputs were read in place: the controller may reuse their slots now.
         del arrays
         if outputs is None:
-            self._release_placed(placed)
+            if prepared is not None:
+                # Releases the placed outputs' slots with it.
+                self._channel.withdraw(prepared)
+            else:
+                self._release_placed(placed)
             if cancelled:
                 code, text = "cancelled", "the call was cancelled while it ran"
             else:
                 code, text = "model_error", failure or "the call produced no outputs"
             self._send_error(message.call_id, code, text, acks=acks)
+            return
+        if prepared is not None:
+            self._awake.sent()
+            try:
+                self._channel.send_prepared(prepared, run_s=elapsed)
+            except ValueError as exc:
+                self._send_error(
+                    message.call_id, "result_failed", f"the result cannot be sent: {exc}", acks=acks
+                )
             return
         if placed is None and self._arena is not None:
             # Outputs ONNX Runtime allocated itself are copied once, into the arena.
@@ -402,6 +419,33 @@ class GraphWorker:
             self._send_error(
                 message.call_id, "result_failed", f"the result cannot be sent: {exc}", acks=acks
             )
+
+    def _prepare_result(
+        self,
+        message: CallMessage,
+        placed: dict[str, tuple[ArenaSlot, np.ndarray]] | None,
+        copied: int,
+        acks: list[tuple[str, int]],
+    ) -> PreparedFrame | None:
+        """The result of a call whose outputs are all placed, encoded before the run (with
+        the input acknowledgements ahead of it); None where it is sent the usual way."""
+        if placed is None:
+            return None
+        result = ResultMessage(
+            message.call_id, message.request_id, message.epoch, self._output_names, 0.0, copied
+        )
+        try:
+            return self._channel.prepare_result(
+                result,
+                {name: view for name, (_, view) in placed.items()},
+                owner=self._owner,
+                generation=message.call_id,
+                placed={name: slot for name, (slot, _) in placed.items()},
+                acks=acks,
+            )
+        except (ProtocolError, ShmError, DescriptorError, ValueError):
+            # Sent the usual way after the run, which reports what is wrong.
+            return None
 
     def _place_outputs(self, bucket: Bucket) -> dict[str, tuple[ArenaSlot, np.ndarray]] | None:
         """Arena slots for every output of ``bucket``, or None: no arena, no room now, or

@@ -52,7 +52,9 @@ class BorrowedReader:
     """The lending of one channel's pipe between its loop and direct callers.
 
     ``take(frame)`` runs on the borrowing thread and returns True when it took the frame
-    (its own call's result); any other frame goes to ``on_frame`` on the loop. ``usable()``
+    (its own call's result); any other frame goes to ``on_frame`` on the loop. A read of whole
+    frames is offered to ``take_whole(bytes)`` first (True: it took them all, read the fast
+    way), and ``learn(bytes, frames)`` sees each read of whole frames decoded the usual way. ``usable()``
     says whether the stage may still be read directly (not failed, not closing).
     """
 
@@ -65,6 +67,8 @@ class BorrowedReader:
         on_frame: Callable[[Frame], None],
         usable: Callable[[], bool],
         spin_wait_s: float = 0.0,
+        take_whole: Callable[[memoryview], bool] | None = None,
+        learn: Callable[[memoryview, list[Frame]], None] | None = None,
     ) -> None:
         self._channel = channel
         #: Polling for the result awake before sleeping (:mod:`runtime.transport.awake`).
@@ -73,6 +77,8 @@ class BorrowedReader:
         self._take = take
         self._on_frame = on_frame
         self._usable = usable
+        self._take_whole = take_whole
+        self._learn = learn
         #: Held by a direct call for as long as it runs.
         self.lock = threading.Lock()
         self._lent = False
@@ -159,10 +165,13 @@ class BorrowedReader:
 
     def _read_once(self) -> bool:
         """Take what the pipe holds now; False once the pipe was handed back to the loop."""
-        frames = self._channel.read_borrowed()
-        if frames is None:
+        read = self._channel.read_borrowed(self._take_whole)
+        if read is None:
             self._hand_back()
             return False
+        frames, whole = read
+        if whole is not None and self._learn is not None:
+            self._learn(whole, frames)
         for frame in frames:
             if not self._take(frame):
                 self._loop.call_soon_threadsafe(self._on_frame, frame)

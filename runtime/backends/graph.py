@@ -48,6 +48,7 @@ from runtime.backends.worker_client import (
 from runtime.contracts import FrameLimits, RequestKey
 from runtime.contracts.binary import FEATURE as BINARY_FEATURE
 from runtime.contracts.buffers import DescriptorError
+from runtime.contracts.codec import Frame
 from runtime.contracts.messages import (
     WORKER_TO_CONTROLLER,
     AckMessage,
@@ -70,6 +71,7 @@ from runtime.errors import (
     StageRetired,
 )
 from runtime.host import spawn_worker
+from runtime.transport.answers import AnswerLayout
 from runtime.transport.arena import ArenaSlot, arena_size_for
 from runtime.transport.channel import ARENA_THRESHOLD, ChannelClosed, ProtocolError, frame_acks
 from runtime.transport.shm import ShmError, new_prefix, sweep_segments
@@ -77,7 +79,6 @@ from runtime.transport.shm import ShmError, new_prefix, sweep_segments
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Mapping
 
-    from runtime.contracts.codec import Frame
     from runtime.contracts.ep_device import AppliedDevice
     from runtime.contracts.messages import Message, TensorSpec
     from runtime.events import EventBus
@@ -88,6 +89,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("omni.backends.graph")
 
 BACKEND_NAME = "external.graph.v1"
+#: Reads of answers without a layout before a stage stops trying to learn one ...
+LEARN_TRIES = 3
+#: ... and then tries once in this many.
+RELEARN_EVERY = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +226,13 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         self._outputs: tuple[TensorSpec, ...] = ()
         self._call_id = 0
         self._pending: dict[int, tuple[RequestKey, asyncio.Future[Any] | cf.Future[Any]]] = {}
+        # The layout of the worker's answers to direct calls, once learned.
+        self._answers: AnswerLayout | None = None
+        self._answers_missed = False
+        self._answer_reads = 0
+        self._answer_failures = 0
+        #: Direct calls whose answer was read by its layout, without the decoder.
+        self.answers_taken = 0
         self._slot = GraphSlot(self)
         # The retained result's shared buffers, acknowledged when its slot is freed.
         self._result_acks: list[tuple[str, int]] = []
@@ -618,8 +630,69 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
                 on_frame=self._on_frame_loop,
                 usable=lambda: self.usable and not self._closed,
                 spin_wait_s=0.0 if self.threads is None else self.threads.spin_wait_us * 1e-6,
+                take_whole=self._take_answer,
+                learn=self._learn_answer,
             )
         return reader
+
+    def _learn_answer(self, data: memoryview, frames: list[Frame]) -> None:
+        """On a thread the pipe is lent to: learn the layout of the worker's answers from one
+        read the usual way (:mod:`runtime.transport.answers`), when none is known or the one
+        known stopped matching. A stage whose answers have no such layout (inline results)
+        stops trying after a few reads, then tries once in every :data:`RELEARN_EVERY`."""
+        if not frames or frames[-1].kind != "result":
+            return
+        if self._answers is not None and not self._answers_missed:
+            return
+        self._answer_reads += 1
+        if self._answer_failures >= LEARN_TRIES and self._answer_reads % RELEARN_EVERY:
+            return
+        layout = AnswerLayout.learn(data, frames)
+        if layout is None:
+            self._answer_failures += 1
+            return
+        self._answers, self._answers_missed, self._answer_failures = layout, False, 0
+
+    def _take_answer(self, data: memoryview) -> bool:
+        """On a thread the pipe is lent to: a whole answer of the known layout to a direct
+        call waiting for it, taken without the decoder (True); anything else (another layout,
+        another call's result, bytes that are not whole frames) is read the usual way."""
+        layout = self._answers
+        if layout is None:
+            return False
+        answer = layout.match(data)
+        if answer is None:
+            self._answers_missed = True
+            return False
+        entry = self._pending.get(answer.call_id)
+        if entry is None or entry[0].epoch != answer.epoch or isinstance(entry[1], asyncio.Future):
+            return False
+        key, future = entry
+        channel = self._channel
+        assert channel is not None
+        try:
+            if answer.request_id != key.request_id.encode("utf-8"):
+                return False
+            message = ResultMessage(
+                answer.call_id,
+                key.request_id,
+                answer.epoch,
+                layout.output_names,
+                answer.run_s,
+                answer.copied_bytes,
+            )
+            frame = Frame("result", {}, answer.buffers, (None,) * len(answer.buffers))
+            arrays, acks = channel.arrays_from_frame(frame, layout.output_names, copy=False)
+        except (ValueError, ExecutionError):
+            # The usual way reads it again and reports what is wrong with it.
+            return False
+        for owner, generation in answer.acks:
+            if not channel.acknowledge(owner, generation):
+                log.debug("%s: ignored a stale acknowledgement %s/%s", self.name, owner, generation)
+        self._pending.pop(answer.call_id, None)
+        self.answers_taken += 1
+        self._deliver(future, message, arrays, acks)
+        return True
 
     def _take_result(self, frame: Frame) -> bool:
         """On a thread the pipe is lent to: deliver the result of a direct call waiting for

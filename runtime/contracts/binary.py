@@ -194,6 +194,26 @@ def encode_header(
     return b"".join(parts)
 
 
+#: Where a result header holds its run time (after kind, flags, count, call id and epoch).
+_RUN_S_AT: Final = _HEAD.size + 16
+_F64: Final = struct.Struct("<d")
+
+
+def with_run_s(header: bytes | memoryview, run_s: float) -> bytes | None:
+    """A binary result header with its run time replaced by ``run_s``; None when ``header``
+    is not a binary result header or ``run_s`` not a finite number >= 0."""
+    if (
+        len(header) < _RUN_S_AT + 8
+        or header[0] != KIND_CODES["result"]
+        or not isinstance(run_s, float)
+        or not math.isfinite(run_s)
+        or run_s < 0
+    ):
+        return None
+    raw = bytes(header)
+    return raw[:_RUN_S_AT] + _F64.pack(run_s) + raw[_RUN_S_AT + 8 :]
+
+
 def _truncated(size: int) -> BinaryHeaderError:
     return BinaryHeaderError("bad_header", f"binary header of {size} bytes ends inside a field")
 
@@ -366,6 +386,21 @@ def decode_header(raw: bytes, max_buffers: int) -> Decoded:
             :_TEMPLATES_PER_KEY
         ]
     return decoded
+
+
+def header_spans(raw: bytes, max_buffers: int) -> tuple[Decoded, list[_Span]]:
+    """A binary header decoded in full, with where its per-frame values lie (``(position,
+    field)``: ``call_id``, ``epoch``, ``run_s``, ``copied_bytes``, ``request_id`` (its UTF-8
+    bytes), a buffer's ``("generation", i)`` and ``("offset", i)``, an ack's
+    ``generation``); raises as :func:`decode_header` does."""
+    spans: list[_Span] = []
+    try:
+        decoded = _decode(raw, max_buffers, spans)
+    except (struct.error, IndexError):
+        raise _truncated(len(raw)) from None
+    if decoded[0] == "ack":
+        spans.append((len(raw) - _U64.size, "generation"))
+    return decoded, spans
 
 
 def _decode(raw: bytes, max_buffers: int, spans: list[_Span]) -> Decoded:

@@ -165,6 +165,27 @@ def _with_payload(
     return [PREFIX.pack(magic, len(header_bytes), payload_len), header_bytes, *chunks]
 
 
+#: An acknowledgement frame's bytes before its generation, by owner (binary headers).
+_ACK_HEADS: dict[str, bytes] = {}
+_ACK_HEADS_LIMIT = 1024
+_U64 = struct.Struct("<Q")
+
+
+def encode_ack_frame(owner: str, generation: int, *, binary_header: bool) -> bytes:
+    """The bytes of one ``ack`` frame, as :func:`encode_frame` gives them: with a binary
+    header, the bytes before the generation are made once per owner."""
+    head = _ACK_HEADS.get(owner) if binary_header else None
+    if head is not None and type(generation) is int and 0 <= generation < 1 << 63:
+        return head + _U64.pack(generation)
+    body = {"owner": owner, "generation": generation}
+    frame = b"".join(encode_frame_parts("ack", body, binary_header=binary_header))
+    if binary_header and frame[:4] == binary.MAGIC and isinstance(owner, str):
+        if len(_ACK_HEADS) >= _ACK_HEADS_LIMIT:
+            _ACK_HEADS.clear()
+        _ACK_HEADS[owner] = frame[: -_U64.size]
+    return frame
+
+
 def encode_frame(
     kind: str,
     body: Mapping[str, Any] | None = None,

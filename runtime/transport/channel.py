@@ -19,12 +19,21 @@ import sys
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn, TypeVar, cast
 
 import numpy as np
 
+from runtime.contracts import binary
 from runtime.contracts.buffers import BufferDescriptor, DescriptorError, DType
-from runtime.contracts.codec import Frame, FrameDecoder, FrameError, FrameLimits, encode_frame_parts
+from runtime.contracts.codec import (
+    Frame,
+    FrameDecoder,
+    FrameError,
+    FrameLimits,
+    encode_ack_frame,
+    encode_frame_parts,
+)
 from runtime.contracts.messages import AckMessage, Message, MessageError, decode_message
 from runtime.wire import descriptor_dtype, numpy_dtype
 
@@ -40,6 +49,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
     import numpy.typing as npt
+
+    from runtime.contracts.messages import ResultMessage
 
 _P = TypeVar("_P")
 
@@ -73,6 +84,21 @@ def _bytes_of(array: np.ndarray[Any, Any]) -> memoryview:
 def frame_acks(frame: Frame) -> list[tuple[str, int]]:
     """``(owner, generation)`` of every shared-memory buffer in ``frame``, to acknowledge."""
     return [(d.owner, d.generation) for d in frame.buffers if not d.inline]
+
+
+@dataclass(slots=True)
+class PreparedFrame:
+    """A frame encoded (after the acknowledgements written with it) and its buffers in
+    place, not yet written (:meth:`FramedChannel.prepare_result`)."""
+
+    chunks: list[bytes | memoryview]
+    #: Where in ``chunks`` the frame's own header lies.
+    header_index: int
+    #: Bytes copied into shared memory for it.
+    copied: int
+    written: list[tuple[ShmProducer | ShmArena, int]]
+    pinned: list[int]
+    arena: ShmArena | None
 
 
 class FramedChannel:
@@ -276,6 +302,30 @@ class FramedChannel:
         ``limits`` before anything is written; on any failure the buffers written for it are
         withdrawn. Returns the bytes copied into shared memory for this frame.
         """
+        prepared = self._encode(
+            kind, body, arrays, owner, generation, required, placed, before, pin, slots
+        )
+        try:
+            self._write(prepared.chunks, from_loop=from_loop)
+        except BaseException:
+            self.withdraw(prepared)
+            raise
+        return prepared.copied
+
+    def _encode(
+        self,
+        kind: str,
+        body: Mapping[str, Any] | None,
+        arrays: Mapping[str, npt.ArrayLike] | None,
+        owner: str | None,
+        generation: int,
+        required: Iterable[str],
+        placed: Mapping[str, ArenaSlot] | None,
+        before: Sequence[Message],
+        pin: Collection[str],
+        slots: dict[str, ArenaSlot] | None,
+    ) -> PreparedFrame:
+        """What :meth:`send` writes, with its buffers in place; withdrawn on any failure."""
         owner = owner or self.name
         parts: list[tuple[BufferDescriptor, memoryview | None]] = []
         written: list[tuple[ShmProducer | ShmArena, int]] = []
@@ -341,18 +391,82 @@ class FramedChannel:
             self._check_outgoing(kind, len(parts), chunks)
             leading: list[bytes | memoryview] = []
             for message in before:
-                leading.extend(
-                    encode_frame_parts(message.KIND, message.to_body(), binary_header=binary)
-                )
-            self._write([*leading, *chunks], from_loop=from_loop)
+                if isinstance(message, AckMessage):
+                    leading.append(
+                        encode_ack_frame(message.owner, message.generation, binary_header=binary)
+                    )
+                else:
+                    leading.extend(
+                        encode_frame_parts(message.KIND, message.to_body(), binary_header=binary)
+                    )
         except BaseException:
-            for producer, segment_generation in written:
-                producer.acknowledge(segment_generation)
-            if arena is not None:
-                for generation_pinned in pinned:
-                    arena.unpin(generation_pinned)
+            self.withdraw(PreparedFrame([], 0, copied, written, pinned, arena))
             raise
-        return copied
+        return PreparedFrame([*leading, *chunks], len(leading) + 1, copied, written, pinned, arena)
+
+    def prepare_result(
+        self,
+        message: ResultMessage,
+        arrays: Mapping[str, npt.ArrayLike],
+        *,
+        owner: str,
+        generation: int,
+        placed: Mapping[str, ArenaSlot],
+        acks: Iterable[tuple[str, int]] = (),
+    ) -> PreparedFrame | None:
+        """A result encoded before its run ends, to be sent by :meth:`send_prepared` with the
+        run's time, or withdrawn (:meth:`withdraw`) if the run fails: what the worker does
+        once the run ends is then one write. Only arrays already in their arena slots
+        (``placed``) are prepared this way (their bytes are written by the run); None when
+        the channel does not send binary headers (the time cannot be filled in then)."""
+        if not self.binary_headers or set(placed) != set(arrays):
+            return None
+        if tuple(arrays) != message.buffer_names:
+            raise ValueError(
+                f"{message.KIND} names tensors {list(message.buffer_names)} "
+                f"but arrays {list(arrays)} were given"
+            )
+        prepared = self._encode(
+            message.KIND,
+            message.to_body(),
+            arrays,
+            owner,
+            generation,
+            (),
+            placed,
+            [AckMessage(ack_owner, ack) for ack_owner, ack in acks],
+            (),
+            None,
+        )
+        if binary.with_run_s(prepared.chunks[prepared.header_index], 0.0) is None:
+            self.withdraw(prepared)
+            return None
+        return prepared
+
+    def send_prepared(self, prepared: PreparedFrame, *, run_s: float) -> None:
+        """Send a result made by :meth:`prepare_result`, with ``run_s`` as its run time; its
+        buffers are withdrawn if the write fails."""
+        chunks = prepared.chunks
+        header = binary.with_run_s(chunks[prepared.header_index], run_s)
+        if header is None:
+            self.withdraw(prepared)
+            raise ValueError(f"run time {run_s!r}; accepted: a finite number of seconds >= 0")
+        chunks[prepared.header_index] = header
+        try:
+            self._write(chunks)
+        except BaseException:
+            self.withdraw(prepared)
+            raise
+
+    def withdraw(self, prepared: PreparedFrame) -> None:
+        """Release the buffers a frame that will not be sent holds (idempotent)."""
+        written, prepared.written = prepared.written, []
+        pinned, prepared.pinned = prepared.pinned, []
+        for producer, segment_generation in written:
+            producer.acknowledge(segment_generation)
+        if prepared.arena is not None:
+            for generation_pinned in pinned:
+                prepared.arena.unpin(generation_pinned)
 
     def unpin(self, owner: str, generation: int) -> bool:
         """Stop keeping ``owner``'s pinned arena slot ``generation`` (see :meth:`send`)."""
@@ -398,14 +512,12 @@ class FramedChannel:
 
     def send_acks(self, acks: Iterable[tuple[str, int]], *, from_loop: bool = False) -> None:
         """Acknowledge shared-memory buffers to their producer, all in one write."""
+        binary_header = self.binary_headers
         frames: list[bytes | memoryview] = []
         for owner, generation in acks:
-            message = AckMessage(owner, generation)
-            frames.extend(
-                encode_frame_parts(
-                    message.KIND, message.to_body(), binary_header=self.binary_headers
-                )
-            )
+            # Checked as the message checks them; the frame is the one its encoding gives.
+            AckMessage(owner, generation)
+            frames.append(encode_ack_frame(owner, generation, binary_header=binary_header))
         if frames:
             self._write(frames, from_loop=from_loop)
 
@@ -765,21 +877,31 @@ class FramedChannel:
             return
         loop.add_reader(fd, readable)
 
-    def read_borrowed(self) -> list[Frame] | None:
-        """The whole frames the lent pipe holds now (none when it holds only part of one);
+    def read_borrowed(
+        self, take_whole: Callable[[memoryview], bool] | None = None
+    ) -> tuple[list[Frame], memoryview | None] | None:
+        """The whole frames the lent pipe holds now (none when it holds only part of one),
+        and the bytes read when they were exactly those frames (valid until the next read);
         None at the end of the stream, when reading fails or at a malformed frame: the
-        borrower then hands the pipe back, and the loop reports what ended it."""
+        borrower then hands the pipe back, and the loop reports what ended it.
+
+        ``take_whole`` is offered the bytes first when the read starts at a frame boundary
+        with no frame waiting: True means it took them (they were whole frames it knows, see
+        :mod:`runtime.transport.answers`), and the decoder never sees them."""
         fd = self._read_fd
         if fd is None or not self._loop_paused:
             return None
         try:
             data = self._read_fd_into(fd, READ_CHUNK)
         except BlockingIOError:
-            return []
+            return [], None
         except (OSError, ValueError):
             return None
         if not data:
             return None
+        at_boundary = self._decoder.at_boundary and not self._ready
+        if at_boundary and take_whole is not None and take_whole(data):
+            return [], None
         try:
             self._feed(data)
         except FrameError as exc:
@@ -787,7 +909,8 @@ class FramedChannel:
             return None
         frames = list(self._ready)
         self._ready.clear()
-        return frames
+        whole = at_boundary and self._decoder.at_boundary
+        return frames, data if whole else None
 
     def _stop_loop_reader(self) -> None:
         loop, self._loop = self._loop, None

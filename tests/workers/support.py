@@ -139,6 +139,7 @@ class WorkerProcess:
         identity: str | None = None,
         providers: tuple[str, ...] = (CPU,),
         max_io_bytes: int = 1 << 26,
+        binary_headers: bool = False,
     ) -> LoadMessage:
         return LoadMessage(
             manifest_path=str(manifest),
@@ -149,6 +150,7 @@ class WorkerProcess:
             max_io_bytes=max_io_bytes,
             min_fraction_on_target=1.0,
             shm_prefix=self.channel.shm_prefix,
+            binary_headers=binary_headers,
         )
 
     def exit_code(self, timeout_s: float = 30.0) -> int:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from runtime.api import Omni
+from runtime.backends.graph import LEARN_TRIES
 from runtime.errors import RequestCancelled, ResourceUnavailable, StageRetired, WorkerDied
 from runtime.events import (
     EventBus,
@@ -23,6 +24,7 @@ from runtime.events import (
     RequestOutputReady,
     StageCallFinished,
 )
+from tests.helpers.answers import answer_layout_of_another_stage
 from tests.helpers.engine import engine_of
 from tests.helpers.onnx_graphs import make_bundle
 from tests.runtime.engine.support import (
@@ -303,7 +305,63 @@ def test_a_direct_run_frees_its_input_slots_before_it_returns(tmp_path: Path) ->
             arena = channel.arena(client.name)
             assert arena is not None
             assert arena.retained_count == 0
-        # Every run read its own result (and its acknowledgements) on the calling thread.
+        # Every run read its own result (and its acknowledgements) on the calling thread;
+        # after the first, by the layout the first answer taught (answers.py).
         assert client._borrowed.lent_calls == 20  # type: ignore[attr-defined]
+        assert client.answers_taken == 19  # type: ignore[attr-defined]
         assert "ack" not in handled
     assert not controller_segments()
+
+
+def _big_add(tmp_path: Path) -> tuple[Path, int]:
+    n = 16 * 1024  # results above the inline limit: they lie in the worker's arena
+    manifest = make_bundle(tmp_path, n=n)
+    return write_pipeline(tmp_path / "big-add.yaml", StageSpec(manifest, max_io="1MiB")), n
+
+
+def test_answers_that_stop_matching_their_layout_are_read_the_usual_way_and_relearned(
+    tmp_path: Path,
+) -> None:
+    pipeline, n = _big_add(tmp_path)
+    rng = np.random.default_rng(11)
+    with Omni(pipeline) as omni:
+        (client,) = engine_of(omni).clients
+
+        def run_and_check() -> None:
+            a = rng.standard_normal(n).astype(np.float32)
+            b = rng.standard_normal(n).astype(np.float32)
+            np.testing.assert_allclose(omni.run({"a": a, "b": b})["c"], a + b, rtol=1e-6)
+
+        for _ in range(3):
+            run_and_check()
+        assert client.answers_taken == 2  # type: ignore[attr-defined]
+        # A layout no answer of this worker has (another stage's, another shape).
+        foreign = answer_layout_of_another_stage()
+        client._answers = foreign  # type: ignore[attr-defined]
+        run_and_check()
+        assert client.answers_taken == 2, "the answer did not match: read the usual way"  # type: ignore[attr-defined]
+        assert client._answers is not foreign  # type: ignore[attr-defined]
+        for _ in range(3):
+            run_and_check()
+        assert client.answers_taken == 5  # type: ignore[attr-defined]
+        arena = client._channel.arena(client.name)  # type: ignore[attr-defined]
+        assert arena is not None
+        assert arena.retained_count == 0
+    assert not controller_segments()
+
+
+def test_a_stage_whose_results_travel_in_the_frame_stops_learning_a_layout(
+    demo_root: Path, options: dict[str, Any]
+) -> None:
+    with Omni(demo_root / "pipelines" / "add.yaml", **options) as omni:
+        (client,) = engine_of(omni).clients
+        for seed in range(10):
+            result = omni.run(_pair(seed))
+            np.testing.assert_allclose(
+                result["sum"], _pair(seed)["a"] + _pair(seed)["b"], rtol=1e-6
+            )
+        assert client.answers_taken == 0  # type: ignore[attr-defined]
+        assert client._answers is None  # type: ignore[attr-defined]
+        # Three tries, then one in every RELEARN_EVERY reads.
+        assert client._answer_failures == LEARN_TRIES  # type: ignore[attr-defined]
+        assert client._answer_reads == 10  # type: ignore[attr-defined]

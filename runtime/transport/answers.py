@@ -1,0 +1,231 @@
+"""A worker's answer to a call, known byte for byte but for its per-call values.
+
+A graph worker answers each call with one write: an acknowledgement frame for each of the
+call's shared inputs, then the result frame, every one with the compact binary header and its
+buffers in the worker's arena. Call after call of the same stage, those bytes differ only in
+the values that change with the call: the acknowledged generations, the call id, epoch and
+request id, the run time, the bytes copied, and each output's generation and arena offset.
+
+:class:`AnswerLayout` is learned from one such write that the frame decoder has read and
+checked in full. A later write of exactly that layout is read with one ``struct`` call: every
+other byte must equal the learned write's (the kinds, flags, names, owners, dtypes, shapes,
+arena names and lengths, all checked when it was learned), and the values are checked as the
+full decoder checks them. Anything else is not an answer of this layout, and the caller reads
+the write the usual way. Reading an answer this way touches a few objects instead of the
+decoder's, the messages' and the descriptors' layers: a thread that has just woken up, its
+caches cold, returns sooner.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import struct
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from runtime.contracts import binary
+from runtime.contracts.codec import PREFIX, PREFIX_SIZE
+
+if TYPE_CHECKING:
+    from runtime.contracts.buffers import BufferDescriptor
+    from runtime.contracts.codec import Frame
+
+__all__ = ["Answer", "AnswerLayout"]
+
+#: The largest value a u64 field may carry (the contracts' 63-bit counters and offsets).
+_MAX_U63: Final = 2**63 - 1
+#: The most acknowledgement frames an answer layout covers.
+MAX_ACKS: Final = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The per-call values of a write of a known layout, checked."""
+
+    #: ``(owner, generation)`` of each acknowledgement, in order.
+    acks: tuple[tuple[str, int], ...]
+    call_id: int
+    epoch: int
+    run_s: float
+    copied_bytes: int
+    request_id: bytes
+    #: Each output's buffer, described as the learned one with this call's generation and
+    #: offset (in the result's order).
+    buffers: tuple[BufferDescriptor, ...]
+
+
+class AnswerLayout:
+    """The layout of one answer write; build it with :meth:`learn`."""
+
+    __slots__ = (
+        "_ack_owners",
+        "_descriptors",
+        "_fields",
+        "_literals",
+        "_pick_literals",
+        "_pick_values",
+        "_struct",
+        "output_names",
+        "size",
+    )
+
+    def __init__(
+        self,
+        formats: list[str],
+        literal_index: list[int],
+        literals: list[bytes],
+        value_index: list[int],
+        fields: list[tuple[str, int]],
+        ack_owners: tuple[str, ...],
+        descriptors: tuple[BufferDescriptor, ...],
+        output_names: tuple[str, ...],
+    ) -> None:
+        self._struct = struct.Struct("<" + "".join(formats))
+        self.size = self._struct.size
+        self._pick_literals = _picker(literal_index)
+        self._pick_values = _picker(value_index)
+        self._literals = tuple(literals)
+        self._fields = tuple(fields)
+        self._ack_owners = ack_owners
+        self._descriptors = descriptors
+        self.output_names = output_names
+
+    @classmethod
+    def learn(cls, data: bytes | memoryview, frames: list[Frame]) -> AnswerLayout | None:
+        """The layout of ``data``, one whole write the decoder read as ``frames`` (already
+        checked), when it is an answer: acknowledgements, then one result, binary headers,
+        no inline bytes. None for any other write."""
+        raw = bytes(data)
+        if (
+            not frames
+            or frames[-1].kind != "result"
+            or any(frame.kind != "ack" for frame in frames[:-1])
+            or len(frames) - 1 > MAX_ACKS
+        ):
+            return None
+        formats: list[str] = []
+        literal_index: list[int] = []
+        literals: list[bytes] = []
+        value_index: list[int] = []
+        fields: list[tuple[str, int]] = []
+        position = 0
+        ack_owners: list[str] = []
+        for frame in frames:
+            if len(raw) - position < PREFIX_SIZE:
+                return None
+            magic, header_len, payload_len = PREFIX.unpack_from(raw, position)
+            header_start = position + PREFIX_SIZE
+            end = header_start + header_len
+            if magic != binary.MAGIC or payload_len or end > len(raw):
+                return None
+            try:
+                decoded, spans = binary.header_spans(raw[header_start:end], _MAX_BUFFERS)
+            except ValueError:
+                return None
+            kind, body, descriptors, _ = decoded
+            if kind != frame.kind or descriptors != frame.buffers or dict(body) != frame.body:
+                return None
+            if kind == "ack":
+                ack_owners.append(str(body["owner"]))
+            # Literal bytes up to each value, then the value.
+            for start, field in spans:
+                at = header_start + start
+                if at > position:
+                    literal_index.append(len(formats))
+                    literals.append(raw[position:at])
+                    formats.append(f"{at - position}s")
+                value_index.append(len(formats))
+                if field == "request_id":
+                    size = len(str(body["request_id"]).encode("utf-8"))
+                    formats.append(f"{size}s")
+                    fields.append(("request_id", 0))
+                else:
+                    size = 8
+                    formats.append("d" if field == "run_s" else "Q")
+                    if kind == "ack":
+                        fields.append(("ack", len(ack_owners) - 1))
+                    else:
+                        fields.append(field if isinstance(field, tuple) else (field, 0))
+                position = at + size
+            if end > position:
+                literal_index.append(len(formats))
+                literals.append(raw[position:end])
+                formats.append(f"{end - position}s")
+            position = end
+        if position != len(raw):
+            return None
+        result = frames[-1]
+        if not result.buffers or not all(d.in_arena for d in result.buffers):
+            return None
+        return cls(
+            formats,
+            literal_index,
+            literals,
+            value_index,
+            fields,
+            tuple(ack_owners),
+            result.buffers,
+            tuple(result.body["output_names"]),
+        )
+
+    def match(self, data: bytes | memoryview) -> Answer | None:
+        """The values of ``data`` when it is a whole write of this layout with valid values;
+        None otherwise (the caller then reads it the usual way)."""
+        if len(data) != self.size:
+            return None
+        found = self._struct.unpack_from(data)
+        if self._pick_literals(found) != self._literals:
+            return None
+        acks: list[tuple[str, int]] = []
+        owners = self._ack_owners
+        generations: dict[int, int] = {}
+        offsets: dict[int, int] = {}
+        call_id = epoch = copied = 0
+        run_s = 0.0
+        request_id = b""
+        for (field, index), value in zip(self._fields, self._pick_values(found), strict=True):
+            if field == "request_id":
+                request_id = value
+                continue
+            if field == "run_s":
+                if not math.isfinite(value):
+                    return None
+                run_s = value
+                continue
+            if value > _MAX_U63:
+                return None
+            if field == "ack":
+                acks.append((owners[index], value))
+            elif field == "generation":
+                generations[index] = value
+            elif field == "offset":
+                offsets[index] = value
+            elif field == "call_id":
+                call_id = value
+            elif field == "epoch":
+                epoch = value
+            else:
+                copied = value
+        try:
+            buffers = tuple(
+                descriptor.with_generation(generations[index], offsets.get(index))
+                for index, descriptor in enumerate(self._descriptors)
+            )
+        except (KeyError, ValueError):
+            return None
+        return Answer(tuple(acks), call_id, epoch, run_s, copied, request_id, buffers)
+
+
+#: The buffer limit a layout is learned under (an answer has one buffer per output).
+_MAX_BUFFERS: Final = 256
+
+
+def _picker(indexes: list[int]) -> Any:
+    """A function taking ``indexes`` of a tuple, always as a tuple."""
+    if not indexes:
+        return lambda values: ()
+    if len(indexes) == 1:
+        only = indexes[0]
+        return lambda values: (values[only],)
+    return operator.itemgetter(*indexes)
