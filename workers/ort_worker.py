@@ -37,6 +37,7 @@ import numpy as np
 import onnxruntime as ort
 
 from runtime.contracts.buffers import DescriptorError
+from runtime.contracts.codec import FrameDecoder, FrameError
 from runtime.contracts.messages import (
     CONTROLLER_TO_WORKER,
     AckMessage,
@@ -60,6 +61,8 @@ from runtime.contracts.process import (
     GRAPH_TMPDIR_PREFIX,
     PRIVATE_TMPDIR_VARIABLE,
 )
+from runtime.transport import numpy_dtype
+from runtime.transport.answers import AnswerLayout
 from runtime.transport.arena import arena_size_for
 from runtime.transport.awake import AwakeWait
 from runtime.transport.channel import (
@@ -96,6 +99,8 @@ GRAPH_ID_ENTRY: Final = "gpu_graph_id"
 WATCH_INTERVAL_S: Final = 0.005
 #: How long without a call before the watcher parks until the next one.
 PARK_AFTER_S: Final = 1.0
+#: Answers the worker tries to learn a layout from before it stops trying.
+ANSWER_TRIES: Final = 3
 
 
 def _generation() -> int:
@@ -140,6 +145,9 @@ class GraphWorker:
         self._pending: deque[Frame | ProtocolError] = deque()
         self._watcher: threading.Thread | None = None
         self._awake = AwakeWait(None, 0.0)
+        #: The layout of this worker's answers, learned from one it sent (answers.py).
+        self._answers: AnswerLayout | None = None
+        self._answer_tries = 0
         #: The I/O binding of the last call over arena memory, with the addresses, dtypes and
         #: shapes it binds: back-to-back calls reuse their slots, and so the binding.
         self._binding: tuple[tuple[object, ...], ort.IOBinding] | None = None
@@ -343,9 +351,11 @@ class GraphWorker:
         # missing entry costs it a raised and caught exception (about 40 us here); "0" is
         # the value it assumes when the entry is missing.
         options.add_run_config_entry(GRAPH_ID_ENTRY, "0")
-        # Outputs placed in the arena are known before the run: their result is encoded now,
-        # so that once the run ends the worker only fills in its time and writes it.
-        prepared = self._prepare_result(message, placed, copied, acks)
+        # Outputs placed in the arena are known before the run: their answer is packed by the
+        # layout of an earlier one once the run ends, or else encoded now, so that once the
+        # run ends the worker only fills in its time and writes it.
+        packing = self._answer_fits(message, placed, acks)
+        prepared = None if packing else self._prepare_result(message, placed, copied, acks)
         with self._lock:
             self._running = message
             self._options = options
@@ -380,6 +390,28 @@ class GraphWorker:
                 code, text = "model_error", failure or "the call produced no outputs"
             self._send_error(message.call_id, code, text, acks=acks)
             return
+        if packing and placed is not None and self._answers is not None:
+            slots = [slot for slot, _ in placed.values()]
+            try:
+                data = self._answers.pack(
+                    [generation for _, generation in acks],
+                    message.call_id,
+                    message.epoch,
+                    elapsed,
+                    copied,
+                    message.request_id.encode("utf-8"),
+                    [slot.generation for slot in slots],
+                    [slot.offset for slot in slots],
+                )
+            except ValueError as exc:
+                self._release_placed(placed)
+                self._send_error(
+                    message.call_id, "result_failed", f"the result cannot be sent: {exc}", acks=acks
+                )
+                return
+            self._awake.sent()
+            self._channel.write_frames(data)
+            return
         if prepared is not None:
             self._awake.sent()
             try:
@@ -388,6 +420,8 @@ class GraphWorker:
                 self._send_error(
                     message.call_id, "result_failed", f"the result cannot be sent: {exc}", acks=acks
                 )
+                return
+            self._learn_answers(prepared)
             return
         if placed is None and self._arena is not None:
             # Outputs ONNX Runtime allocated itself are copied once, into the arena.
@@ -419,6 +453,39 @@ class GraphWorker:
             self._send_error(
                 message.call_id, "result_failed", f"the result cannot be sent: {exc}", acks=acks
             )
+
+    def _answer_fits(
+        self,
+        message: CallMessage,
+        placed: dict[str, tuple[ArenaSlot, np.ndarray]] | None,
+        acks: list[tuple[str, int]],
+    ) -> bool:
+        """Whether this call's answer has the layout learned from an earlier one: the same
+        acknowledgements' owners, request id length and outputs (dtype, shape) in place."""
+        layout = self._answers
+        if layout is None or placed is None or tuple(placed) != layout.output_names:
+            return False
+        if tuple(owner for owner, _ in acks) != layout.ack_owners:
+            return False
+        if len(message.request_id.encode("utf-8")) != layout.request_id_size:
+            return False
+        return all(
+            view.shape == shape and view.dtype == numpy_dtype(dtype)
+            for (_, view), (dtype, shape) in zip(placed.values(), layout.buffer_specs, strict=True)
+        )
+
+    def _learn_answers(self, prepared: PreparedFrame) -> None:
+        """Learn the layout of the answer just sent (a few tries: a stage whose answers have
+        none stops trying)."""
+        if self._answers is not None or self._answer_tries >= ANSWER_TRIES:
+            return
+        self._answer_tries += 1
+        data = b"".join(bytes(chunk) for chunk in prepared.chunks)
+        try:
+            frames = FrameDecoder(self._channel.limits).feed(data)
+        except FrameError:
+            return
+        self._answers = AnswerLayout.learn(data, frames)
 
     def _prepare_result(
         self,

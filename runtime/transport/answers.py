@@ -28,6 +28,8 @@ from runtime.contracts import binary
 from runtime.contracts.codec import PREFIX, PREFIX_SIZE
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from runtime.contracts.buffers import BufferDescriptor
     from runtime.contracts.codec import Frame
 
@@ -60,13 +62,26 @@ class AnswerLayout:
 
     __slots__ = (
         "_ack_owners",
+        "_call_id_at",
+        "_copied_at",
         "_descriptors",
-        "_fields",
+        "_epoch_at",
         "_literals",
+        "_pick_acks",
+        "_pick_counters",
+        "_pick_generations",
         "_pick_literals",
+        "_pick_offsets",
         "_pick_values",
+        "_request_id_at",
+        "_run_s_at",
+        "_slots",
         "_struct",
+        "_template",
+        "ack_owners",
+        "buffer_specs",
         "output_names",
+        "request_id_size",
         "size",
     )
 
@@ -86,10 +101,34 @@ class AnswerLayout:
         self._pick_literals = _picker(literal_index)
         self._pick_values = _picker(value_index)
         self._literals = tuple(literals)
-        self._fields = tuple(fields)
         self._ack_owners = ack_owners
         self._descriptors = descriptors
         self.output_names = output_names
+        # Where each value lies in the values' tuple.
+        at = {field: index for index, field in enumerate(fields)}
+        self._call_id_at = at[("call_id", 0)]
+        self._epoch_at = at[("epoch", 0)]
+        self._run_s_at = at[("run_s", 0)]
+        self._copied_at = at[("copied_bytes", 0)]
+        self._request_id_at = at[("request_id", 0)]
+        self._pick_acks = _picker([at[("ack", i)] for i in range(len(ack_owners))])
+        self._pick_generations = _picker([at[("generation", i)] for i in range(len(descriptors))])
+        self._pick_offsets = _picker([at[("offset", i)] for i in range(len(descriptors))])
+        #: Every u64 value (all but the run time and the request id): at most 63 bits.
+        self._pick_counters = _picker(
+            [index for index, field in enumerate(fields) if field[0] not in ("run_s", "request_id")]
+        )
+        # For packing: the struct's arguments with every literal in place, and where each
+        # value goes among them.
+        template: list[object] = [None] * len(formats)
+        for index, literal in zip(literal_index, literals, strict=True):
+            template[index] = literal
+        self._template = template
+        self._slots = {field: value_index[index] for index, field in enumerate(fields)}
+        #: What a call must have for its answer to take this layout (:meth:`pack`).
+        self.ack_owners = ack_owners
+        self.request_id_size = int(formats[value_index[self._request_id_at]][:-1])
+        self.buffer_specs = tuple((d.dtype, d.shape) for d in descriptors)
 
     @classmethod
     def learn(cls, data: bytes | memoryview, frames: list[Frame]) -> AnswerLayout | None:
@@ -177,44 +216,73 @@ class AnswerLayout:
         found = self._struct.unpack_from(data)
         if self._pick_literals(found) != self._literals:
             return None
-        acks: list[tuple[str, int]] = []
-        owners = self._ack_owners
-        generations: dict[int, int] = {}
-        offsets: dict[int, int] = {}
-        call_id = epoch = copied = 0
-        run_s = 0.0
-        request_id = b""
-        for (field, index), value in zip(self._fields, self._pick_values(found), strict=True):
-            if field == "request_id":
-                request_id = value
-                continue
-            if field == "run_s":
-                if not math.isfinite(value):
-                    return None
-                run_s = value
-                continue
-            if value > _MAX_U63:
-                return None
-            if field == "ack":
-                acks.append((owners[index], value))
-            elif field == "generation":
-                generations[index] = value
-            elif field == "offset":
-                offsets[index] = value
-            elif field == "call_id":
-                call_id = value
-            elif field == "epoch":
-                epoch = value
-            else:
-                copied = value
+        values = self._pick_values(found)
+        counters = self._pick_counters(values)
+        run_s = values[self._run_s_at]
+        if (counters and max(counters) > _MAX_U63) or not math.isfinite(run_s):
+            return None
         try:
             buffers = tuple(
-                descriptor.with_generation(generations[index], offsets.get(index))
-                for index, descriptor in enumerate(self._descriptors)
+                descriptor.with_generation(generation, offset)
+                for descriptor, generation, offset in zip(
+                    self._descriptors,
+                    self._pick_generations(values),
+                    self._pick_offsets(values),
+                    strict=True,
+                )
             )
-        except (KeyError, ValueError):
+        except ValueError:
             return None
-        return Answer(tuple(acks), call_id, epoch, run_s, copied, request_id, buffers)
+        return Answer(
+            tuple(zip(self._ack_owners, self._pick_acks(values), strict=True)),
+            values[self._call_id_at],
+            values[self._epoch_at],
+            run_s,
+            values[self._copied_at],
+            values[self._request_id_at],
+            buffers,
+        )
+
+    def pack(
+        self,
+        acks: Sequence[int],
+        call_id: int,
+        epoch: int,
+        run_s: float,
+        copied_bytes: int,
+        request_id: bytes,
+        generations: Sequence[int],
+        offsets: Sequence[int],
+    ) -> bytes:
+        """The bytes of an answer of this layout with these values: what encoding its frames
+        gives, for a call whose acknowledgements' owners are :attr:`ack_owners`, whose request
+        id is :attr:`request_id_size` bytes and whose outputs are :attr:`buffer_specs` (dtype
+        and shape) in the learned arena; the values must be what the frames accept (63-bit
+        counters, a finite time). Raises ``ValueError`` when they are not."""
+        if (
+            len(acks) != len(self.ack_owners)
+            or len(request_id) != self.request_id_size
+            or len(generations) != len(self._descriptors)
+            or len(offsets) != len(self._descriptors)
+            or not math.isfinite(run_s)
+        ):
+            raise ValueError("the values do not fit this answer layout")
+        counters = (*acks, call_id, epoch, copied_bytes, *generations, *offsets)
+        if min(counters) < 0 or max(counters) > _MAX_U63:
+            raise ValueError("a counter of this answer is outside 0 to 2**63 - 1")
+        args = list(self._template)
+        slots = self._slots
+        for index, generation in enumerate(acks):
+            args[slots[("ack", index)]] = generation
+        args[slots[("call_id", 0)]] = call_id
+        args[slots[("epoch", 0)]] = epoch
+        args[slots[("run_s", 0)]] = run_s
+        args[slots[("copied_bytes", 0)]] = copied_bytes
+        args[slots[("request_id", 0)]] = request_id
+        for index, (generation, offset) in enumerate(zip(generations, offsets, strict=True)):
+            args[slots[("generation", index)]] = generation
+            args[slots[("offset", index)]] = offset
+        return self._struct.pack(*args)
 
 
 #: The buffer limit a layout is learned under (an answer has one buffer per output).

@@ -381,14 +381,21 @@ class ArenaReader:
             raise ValueError(
                 f"buffer {descriptor.owner}/{descriptor.generation} is not in an arena"
             )
-        name = validate_name(descriptor.location)
-        if self.accepted_prefix is not None and not name.startswith(self.accepted_prefix):
-            raise ShmError(
-                f"shared-memory arena {name} is outside the accepted prefix {self.accepted_prefix}",
-                code="bad_name",
-                name=name,
-            )
-        memory = self._memory(name)
+        name = descriptor.location
+        # An arena mapped already had its name checked when it was mapped.
+        found = self._mapped.get(name)
+        if found is not None:
+            memory = found[1]
+        else:
+            validate_name(name)
+            if self.accepted_prefix is not None and not name.startswith(self.accepted_prefix):
+                raise ShmError(
+                    f"shared-memory arena {name} is outside the accepted prefix "
+                    f"{self.accepted_prefix}",
+                    code="bad_name",
+                    name=name,
+                )
+            memory = self._memory(name)
         end = descriptor.offset + descriptor.nbytes
         if end > memory.nbytes:
             raise ShmError(

@@ -458,6 +458,11 @@ class FramedChannel:
             self.withdraw(prepared)
             raise
 
+    def write_frames(self, data: bytes) -> None:
+        """Write bytes that are whole frames as this channel encodes them, made another way
+        (a worker's answer packed by its layout, :mod:`runtime.transport.answers`)."""
+        self._write([data])
+
     def withdraw(self, prepared: PreparedFrame) -> None:
         """Release the buffers a frame that will not be sent holds (idempotent)."""
         written, prepared.written = prepared.written, []

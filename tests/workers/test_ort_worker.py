@@ -227,10 +227,12 @@ def test_cancel_terminates_a_running_call_and_the_worker_survives(
 def test_a_result_prepared_before_its_run_is_withdrawn_when_the_run_is_cancelled(
     spawn_worker: Callable[..., WorkerProcess], loop_manifest: Path
 ) -> None:
-    """With binary headers, the result of a call whose outputs are placed in the arena is
-    encoded before the run and sent with the run's time once it ends. A cancelled run sends
-    none, and its output slots are free again: the arena holds two sets of outputs, so after
-    two cancelled calls the next call's outputs are still written in place (nothing copied)."""
+    """With binary headers, the answer to a call whose outputs are placed in the arena is
+    encoded before the run (the first ones), or packed by the layout learned from one of them
+    (the next ones), and sent with the run's time once the run ends. A cancelled run sends
+    none, and its output slots are free again either way: the arena holds two sets of
+    outputs, so after two cancelled calls the next call's outputs are still written in place
+    (nothing copied)."""
     worker = spawn_worker(shm=True)
     worker.channel.send_message(worker.load_message(loop_manifest, binary_headers=True))
     ready, _ = worker.read()
@@ -238,24 +240,42 @@ def test_a_result_prepared_before_its_run_is_withdrawn_when_the_run_is_cancelled
     assert ready.arena_bytes > 0
     x = np.random.default_rng(5).standard_normal((LOOP_ROWS, LOOP_WIDTH)).astype(np.float32)
     endless: dict[str, np.ndarray] = {"x": x, "n": np.array(ENDLESS_STEPS, np.int64)}
-    for call_id in (1, 2):
-        worker.channel.send_message(CallMessage(call_id, "req-1", 0, ("x", "n")), endless)
-        time.sleep(0.2)
-        worker.channel.send_message(CancelMessage(call_id))
-        cancelled, _ = worker.read()
-        assert isinstance(cancelled, ErrorMessage)
-        assert (cancelled.code, cancelled.call_id) == ("cancelled", call_id)
-    for call_id in (3, 4):
-        started = time.perf_counter()
-        result, outputs = _call(worker, call_id, {"x": x, "n": np.array(2, np.int64)})
-        elapsed = time.perf_counter() - started
-        assert isinstance(result, ResultMessage)
-        # The input (a single segment: this controller has no arena) was copied; the
-        # outputs were written in place.
-        assert result.copied_bytes == x.nbytes
-        # The run's own time, filled in after the run (not the placeholder).
-        assert 0 < result.run_s < elapsed
-        np.testing.assert_allclose(outputs["y"], loop_reference(x, 2), rtol=1e-4, atol=1e-5)
+    call_ids = iter(range(1, 100))
+
+    def cancel_two() -> None:
+        for _ in range(2):
+            call_id = next(call_ids)
+            worker.channel.send_message(CallMessage(call_id, "req-1", 0, ("x", "n")), endless)
+            time.sleep(0.2)
+            worker.channel.send_message(CancelMessage(call_id))
+            cancelled, _ = worker.read()
+            assert isinstance(cancelled, ErrorMessage)
+            assert (cancelled.code, cancelled.call_id) == ("cancelled", call_id)
+
+    def call_twice(request_id: str = "req-1") -> None:
+        for _ in range(2):
+            call_id = next(call_ids)
+            arrays: dict[str, np.ndarray] = {"x": x, "n": np.array(2, np.int64)}
+            started = time.perf_counter()
+            worker.channel.send_message(CallMessage(call_id, request_id, 0, ("x", "n")), arrays)
+            result, frame = worker.read()
+            elapsed = time.perf_counter() - started
+            assert isinstance(result, ResultMessage)
+            assert (result.call_id, result.request_id) == (call_id, request_id)
+            outputs, acks = worker.channel.arrays_from_frame(frame, result.output_names)
+            worker.channel.send_acks(acks)
+            # The input (a single segment: this controller has no arena) was copied; the
+            # outputs were written in place.
+            assert result.copied_bytes == x.nbytes
+            # The run's own time, filled in after the run (not a placeholder).
+            assert 0 < result.run_s < elapsed
+            np.testing.assert_allclose(outputs["y"], loop_reference(x, 2), rtol=1e-4, atol=1e-5)
+
+    cancel_two()  # answers encoded before their runs, withdrawn
+    call_twice()  # the first teaches the layout, the second is packed by it
+    cancel_two()  # answers to be packed: none sent
+    call_twice()
+    call_twice("req-with-a-longer-id")  # another layout: encoded before the run again
     assert worker.channel.retained_count == 0
     _shutdown(worker)
 

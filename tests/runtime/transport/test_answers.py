@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from runtime.contracts import binary
+from runtime.contracts.buffers import DType
 from runtime.contracts.codec import (
     FrameDecoder,
     encode_ack_frame,
@@ -274,3 +275,60 @@ def test_learning_needs_the_bytes_of_whole_frames() -> None:
     frames = FrameDecoder().feed(data)
     assert AnswerLayout.learn(data[: len(data) - 8], frames) is None
     assert AnswerLayout.learn(data + bytes(8), frames) is None
+
+
+def test_an_answer_packed_by_its_layout_is_the_bytes_its_frames_encode_to() -> None:
+    layout = learned(answer_write([11, 12], 1))
+    assert layout is not None
+    assert layout.ack_owners == ("stage-0", "stage-0")
+    assert layout.request_id_size == len(b"req-00000001")
+    assert layout.buffer_specs == ((DType.FLOAT32, (4, 256)), (DType.FLOAT32, (4, 256)))
+    for call_id, run_s in ((2, 0.5), (2**63 - 1, 0.0), (40, 1e-9)):
+        packed = layout.pack(
+            [21, 2**63 - 1],
+            call_id,
+            3,
+            run_s,
+            0,
+            b"req-00000002",
+            [31, 32],
+            [8192, 12288],
+        )
+        assert packed == answer_write(
+            [21, 2**63 - 1],
+            call_id,
+            run_s=run_s,
+            request_id="req-00000002",
+            generations=(31, 32),
+            offsets=(8192, 12288),
+        )
+
+
+@pytest.mark.parametrize(
+    ("name", "change"),
+    [
+        ("one ack fewer", {"acks": [21]}),
+        ("a longer request id", {"request_id": b"req-000000002"}),
+        ("a negative generation", {"generations": [-1, 32]}),
+        ("an offset past 63 bits", {"offsets": [0, 2**63]}),
+        ("a run time that is not a number", {"run_s": math.inf}),
+    ],
+)
+def test_values_an_answer_of_the_layout_cannot_carry_are_refused(
+    name: str, change: dict[str, object]
+) -> None:
+    layout = learned(answer_write([11, 12], 1))
+    assert layout is not None
+    values: dict[str, object] = {
+        "acks": [21, 22],
+        "call_id": 2,
+        "epoch": 3,
+        "run_s": 0.5,
+        "copied_bytes": 0,
+        "request_id": b"req-00000002",
+        "generations": [31, 32],
+        "offsets": [0, 4096],
+    }
+    values.update(change)
+    with pytest.raises(ValueError, match=r"layout|counter"):
+        layout.pack(**values)  # type: ignore[arg-type]
