@@ -280,6 +280,32 @@ def test_a_result_prepared_before_its_run_is_withdrawn_when_the_run_is_cancelled
     _shutdown(worker)
 
 
+def test_inputs_in_another_arena_slot_are_bound_again(
+    spawn_worker: Callable[..., WorkerProcess], loop_manifest: Path
+) -> None:
+    """The worker keeps its I/O binding while a call's inputs lie where the last call's did
+    (the same slot of the controller's arena) and binds again when they move: each result is
+    computed from the call's own input."""
+    worker = spawn_worker(shm=True)
+    arena = worker.channel.open_arena("controller", 4 << 20)
+    assert arena is not None
+    _ready(worker, loop_manifest)
+    rng = np.random.default_rng(9)
+    held = None
+    for step in range(6):
+        if step == 2:
+            # The next inputs land after this slot, at another offset.
+            held = arena.allocate(LOOP_ROWS * LOOP_WIDTH * 4)
+        if step == 4 and held is not None:
+            arena.acknowledge(held[0].generation)
+        x = rng.standard_normal((LOOP_ROWS, LOOP_WIDTH)).astype(np.float32)
+        result, outputs = _call(worker, step + 1, {"x": x, "n": np.array(1, np.int64)})
+        assert isinstance(result, ResultMessage)
+        np.testing.assert_allclose(outputs["y"], loop_reference(x, 1), rtol=1e-4, atol=1e-5)
+    assert arena.retained_count == 0
+    _shutdown(worker)
+
+
 def test_worker_without_a_generation_exits_with_a_usage_error() -> None:
     env = {key: value for key, value in os.environ.items() if key != GENERATION_VARIABLE}
     env["PYTHONPATH"] = str(REPO_ROOT)
