@@ -62,7 +62,7 @@ from runtime.contracts.process import (
     PRIVATE_TMPDIR_VARIABLE,
 )
 from runtime.transport import numpy_dtype
-from runtime.transport.answers import AnswerLayout
+from runtime.transport.answers import AnswerLayout, prepare_answer, send_answer
 from runtime.transport.arena import arena_size_for
 from runtime.transport.awake import AwakeWait
 from runtime.transport.channel import (
@@ -90,7 +90,7 @@ if TYPE_CHECKING:
     from runtime.contracts.codec import Frame
     from runtime.contracts.messages import Message
     from runtime.transport.arena import ArenaSlot, ShmArena
-    from runtime.transport.channel import PreparedFrame
+    from runtime.transport.frame_io import PreparedFrame
 
 WORKER_NAME: Final = "ort"
 #: The run option naming a captured device graph (ONNX Runtime's ``gpu_graph_id``).
@@ -381,7 +381,7 @@ class GraphWorker:
         if outputs is None:
             if prepared is not None:
                 # Releases the placed outputs' slots with it.
-                self._channel.withdraw(prepared)
+                prepared.withdraw()
             else:
                 self._release_placed(placed)
             if cancelled:
@@ -415,7 +415,7 @@ class GraphWorker:
         if prepared is not None:
             self._awake.sent()
             try:
-                self._channel.send_prepared(prepared, run_s=elapsed)
+                send_answer(self._channel, prepared, run_s=elapsed)
             except ValueError as exc:
                 self._send_error(
                     message.call_id, "result_failed", f"the result cannot be sent: {exc}", acks=acks
@@ -502,7 +502,8 @@ class GraphWorker:
             message.call_id, message.request_id, message.epoch, self._output_names, 0.0, copied
         )
         try:
-            return self._channel.prepare_result(
+            return prepare_answer(
+                self._channel,
                 result,
                 {name: view for name, (_, view) in placed.items()},
                 owner=self._owner,

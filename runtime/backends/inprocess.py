@@ -34,7 +34,8 @@ from runtime.backends.base import (
     check_usable,
     reservation_record,
 )
-from runtime.backends.graph import BACKEND_NAME, GraphStageDetail
+from runtime.backends.graph import BACKEND_NAME
+from runtime.backends.graph_detail import GraphStageDetail
 from runtime.backends.graph_errors import worker_error
 from runtime.backends.graph_slot import GraphSlot
 from runtime.backends.graph_spec import GraphTimeouts

@@ -26,14 +26,20 @@ from typing import TYPE_CHECKING, Any, Final
 
 from runtime.contracts import binary
 from runtime.contracts.codec import PREFIX, PREFIX_SIZE
+from runtime.contracts.messages import AckMessage
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterable, Mapping, Sequence
 
     from runtime.contracts.buffers import BufferDescriptor
     from runtime.contracts.codec import Frame
+    from runtime.contracts.messages import ResultMessage
 
-__all__ = ["Answer", "AnswerLayout"]
+    from .arena import ArenaSlot
+    from .channel import FramedChannel
+    from .frame_io import PreparedFrame
+
+__all__ = ["Answer", "AnswerLayout", "prepare_answer", "send_answer"]
 
 #: The largest value a u64 field may carry (the contracts' 63-bit counters and offsets).
 _MAX_U63: Final = 2**63 - 1
@@ -283,6 +289,57 @@ class AnswerLayout:
             args[slots[("generation", index)]] = generation
             args[slots[("offset", index)]] = offset
         return self._struct.pack(*args)
+
+
+def prepare_answer(
+    channel: FramedChannel,
+    message: ResultMessage,
+    arrays: Mapping[str, Any],
+    *,
+    owner: str,
+    generation: int,
+    placed: Mapping[str, ArenaSlot],
+    acks: Iterable[tuple[str, int]] = (),
+) -> PreparedFrame | None:
+    """A worker's answer (the acknowledgements, then the result) encoded before its run ends,
+    to be sent by :func:`send_answer` with the run's time, or withdrawn if the run fails: what
+    the worker does once the run ends is then one write. Only outputs already in their arena
+    slots (``placed``) are prepared this way (the run writes their bytes); None where the
+    channel does not send binary headers (the time cannot be filled in then)."""
+    if not channel.binary_headers or set(placed) != set(arrays):
+        return None
+    if tuple(arrays) != message.buffer_names:
+        raise ValueError(
+            f"{message.KIND} names tensors {list(message.buffer_names)} "
+            f"but arrays {list(arrays)} were given"
+        )
+    prepared = channel.prepare(
+        message.KIND,
+        message.to_body(),
+        arrays,
+        owner,
+        generation,
+        (),
+        placed,
+        [AckMessage(ack_owner, ack) for ack_owner, ack in acks],
+        (),
+        None,
+    )
+    if binary.with_run_s(prepared.chunks[prepared.header_index], 0.0) is None:
+        prepared.withdraw()
+        return None
+    return prepared
+
+
+def send_answer(channel: FramedChannel, prepared: PreparedFrame, *, run_s: float) -> None:
+    """Send an answer made by :func:`prepare_answer` with ``run_s`` as its run time; its
+    buffers are withdrawn if that fails."""
+    header = binary.with_run_s(prepared.chunks[prepared.header_index], run_s)
+    if header is None:
+        prepared.withdraw()
+        raise ValueError(f"run time {run_s!r}; accepted: a finite number of seconds >= 0")
+    prepared.chunks[prepared.header_index] = header
+    channel.write_prepared(prepared)
 
 
 #: The buffer limit a layout is learned under (an answer has one buffer per output).

@@ -19,13 +19,11 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn, TypeVar, cast
 
 import numpy as np
 
-from runtime.contracts import binary
-from runtime.contracts.buffers import BufferDescriptor, DescriptorError, DType
+from runtime.contracts.buffers import BufferDescriptor
 from runtime.contracts.codec import (
     Frame,
     FrameDecoder,
@@ -35,14 +33,22 @@ from runtime.contracts.codec import (
     encode_frame_parts,
 )
 from runtime.contracts.messages import AckMessage, Message, MessageError, decode_message
-from runtime.wire import descriptor_dtype, numpy_dtype
+from runtime.wire import descriptor_dtype
 
 from .arena import ArenaReader, ArenaSlot, ShmArena
+from .frame_io import (
+    PreparedFrame,
+    bytes_of,
+    check_outgoing,
+    frame_arrays,
+    wire_array,
+)
+from .frame_io import frame_acks as frame_acks
 from .pipe_io import ChannelClosed as ChannelClosed
 from .pipe_io import ChannelTimeout as ChannelTimeout
 from .pipe_io import ProtocolError as ProtocolError
 from .pipe_io import fileno, wait_readable, wait_writable
-from .shm import ShmConsumer, ShmError, ShmProducer, shm_supported, validate_prefix
+from .shm import ShmConsumer, ShmProducer, shm_supported, validate_prefix
 
 if TYPE_CHECKING:
     import asyncio
@@ -50,7 +56,6 @@ if TYPE_CHECKING:
 
     import numpy.typing as npt
 
-    from runtime.contracts.messages import ResultMessage
 
 _P = TypeVar("_P")
 
@@ -60,45 +65,6 @@ DEFAULT_SHM_THRESHOLD = 256 << 10
 ARENA_THRESHOLD = 16 << 10
 #: Largest single read from the pipe; the decoder never asks for more than the step needs.
 READ_CHUNK = 1 << 20
-
-
-def _wire_array(name: str, value: object) -> tuple[np.ndarray[Any, Any], DType]:
-    """``value`` as the array that travels (little-endian, C order) and its wire dtype."""
-    array = np.asarray(value)
-    try:
-        dtype = descriptor_dtype(array.dtype)
-    except DescriptorError as exc:
-        raise DescriptorError(exc.code, f"array {name!r}: {exc}") from None
-    wire_dtype = numpy_dtype(dtype)
-    if array.dtype == wire_dtype and array.flags.c_contiguous:
-        return array, dtype
-    wire = array.astype(wire_dtype, copy=False)
-    # ascontiguousarray would turn a 0-d array into shape (1,).
-    return (wire if wire.flags.c_contiguous else wire.copy(order="C")), dtype
-
-
-def _bytes_of(array: np.ndarray[Any, Any]) -> memoryview:
-    return array.reshape(-1).view(np.uint8).data
-
-
-def frame_acks(frame: Frame) -> list[tuple[str, int]]:
-    """``(owner, generation)`` of every shared-memory buffer in ``frame``, to acknowledge."""
-    return [(d.owner, d.generation) for d in frame.buffers if not d.inline]
-
-
-@dataclass(slots=True)
-class PreparedFrame:
-    """A frame encoded (after the acknowledgements written with it) and its buffers in
-    place, not yet written (:meth:`FramedChannel.prepare_result`)."""
-
-    chunks: list[bytes | memoryview]
-    #: Where in ``chunks`` the frame's own header lies.
-    header_index: int
-    #: Bytes copied into shared memory for it.
-    copied: int
-    written: list[tuple[ShmProducer | ShmArena, int]]
-    pinned: list[int]
-    arena: ShmArena | None
 
 
 class FramedChannel:
@@ -302,17 +268,17 @@ class FramedChannel:
         ``limits`` before anything is written; on any failure the buffers written for it are
         withdrawn. Returns the bytes copied into shared memory for this frame.
         """
-        prepared = self._encode(
+        prepared = self.prepare(
             kind, body, arrays, owner, generation, required, placed, before, pin, slots
         )
         try:
             self._write(prepared.chunks, from_loop=from_loop)
         except BaseException:
-            self.withdraw(prepared)
+            prepared.withdraw()
             raise
         return prepared.copied
 
-    def _encode(
+    def prepare(
         self,
         kind: str,
         body: Mapping[str, Any] | None,
@@ -325,7 +291,8 @@ class FramedChannel:
         pin: Collection[str],
         slots: dict[str, ArenaSlot] | None,
     ) -> PreparedFrame:
-        """What :meth:`send` writes, with its buffers in place; withdrawn on any failure."""
+        """What :meth:`send` writes, with its buffers in place, not written yet
+        (:meth:`write_prepared`, or ``PreparedFrame.withdraw``); withdrawn on any failure."""
         owner = owner or self.name
         parts: list[tuple[BufferDescriptor, memoryview | None]] = []
         written: list[tuple[ShmProducer | ShmArena, int]] = []
@@ -352,7 +319,7 @@ class FramedChannel:
                         )
                     )
                     continue
-                array, dtype = _wire_array(array_name, value)
+                array, dtype = wire_array(array_name, value)
                 shape = array.shape
                 if arena is not None and array.nbytes > ARENA_THRESHOLD:
                     keep = array_name in pin
@@ -376,7 +343,7 @@ class FramedChannel:
                 if self.shm_enabled and array.nbytes > self.shm_threshold:
                     producer: ShmProducer | ShmArena = self._producer(owner)
                     assert isinstance(producer, ShmProducer)
-                    segment = producer.put(_bytes_of(array))
+                    segment = producer.put(bytes_of(array))
                     written.append((producer, segment.generation))
                     copied += array.nbytes
                     descriptor = BufferDescriptor.for_array(
@@ -385,10 +352,10 @@ class FramedChannel:
                     parts.append((descriptor, None))
                 else:
                     descriptor = BufferDescriptor.for_array(owner, generation, dtype, shape)
-                    parts.append((descriptor, _bytes_of(array)))
+                    parts.append((descriptor, bytes_of(array)))
             binary = self.binary_headers
             chunks = encode_frame_parts(kind, body, parts, required, binary_header=binary)
-            self._check_outgoing(kind, len(parts), chunks)
+            check_outgoing(self.limits, self.name, kind, len(parts), chunks)
             leading: list[bytes | memoryview] = []
             for message in before:
                 if isinstance(message, AckMessage):
@@ -400,78 +367,22 @@ class FramedChannel:
                         encode_frame_parts(message.KIND, message.to_body(), binary_header=binary)
                     )
         except BaseException:
-            self.withdraw(PreparedFrame([], 0, copied, written, pinned, arena))
+            PreparedFrame([], 0, copied, written, pinned, arena).withdraw()
             raise
         return PreparedFrame([*leading, *chunks], len(leading) + 1, copied, written, pinned, arena)
 
-    def prepare_result(
-        self,
-        message: ResultMessage,
-        arrays: Mapping[str, npt.ArrayLike],
-        *,
-        owner: str,
-        generation: int,
-        placed: Mapping[str, ArenaSlot],
-        acks: Iterable[tuple[str, int]] = (),
-    ) -> PreparedFrame | None:
-        """A result encoded before its run ends, to be sent by :meth:`send_prepared` with the
-        run's time, or withdrawn (:meth:`withdraw`) if the run fails: what the worker does
-        once the run ends is then one write. Only arrays already in their arena slots
-        (``placed``) are prepared this way (their bytes are written by the run); None when
-        the channel does not send binary headers (the time cannot be filled in then)."""
-        if not self.binary_headers or set(placed) != set(arrays):
-            return None
-        if tuple(arrays) != message.buffer_names:
-            raise ValueError(
-                f"{message.KIND} names tensors {list(message.buffer_names)} "
-                f"but arrays {list(arrays)} were given"
-            )
-        prepared = self._encode(
-            message.KIND,
-            message.to_body(),
-            arrays,
-            owner,
-            generation,
-            (),
-            placed,
-            [AckMessage(ack_owner, ack) for ack_owner, ack in acks],
-            (),
-            None,
-        )
-        if binary.with_run_s(prepared.chunks[prepared.header_index], 0.0) is None:
-            self.withdraw(prepared)
-            return None
-        return prepared
-
-    def send_prepared(self, prepared: PreparedFrame, *, run_s: float) -> None:
-        """Send a result made by :meth:`prepare_result`, with ``run_s`` as its run time; its
-        buffers are withdrawn if the write fails."""
-        chunks = prepared.chunks
-        header = binary.with_run_s(chunks[prepared.header_index], run_s)
-        if header is None:
-            self.withdraw(prepared)
-            raise ValueError(f"run time {run_s!r}; accepted: a finite number of seconds >= 0")
-        chunks[prepared.header_index] = header
+    def write_prepared(self, prepared: PreparedFrame) -> None:
+        """Write a frame made by :meth:`prepare`; its buffers are withdrawn if that fails."""
         try:
-            self._write(chunks)
+            self._write(prepared.chunks)
         except BaseException:
-            self.withdraw(prepared)
+            prepared.withdraw()
             raise
 
     def write_frames(self, data: bytes) -> None:
         """Write bytes that are whole frames as this channel encodes them, made another way
         (a worker's answer packed by its layout, :mod:`runtime.transport.answers`)."""
         self._write([data])
-
-    def withdraw(self, prepared: PreparedFrame) -> None:
-        """Release the buffers a frame that will not be sent holds (idempotent)."""
-        written, prepared.written = prepared.written, []
-        pinned, prepared.pinned = prepared.pinned, []
-        for producer, segment_generation in written:
-            producer.acknowledge(segment_generation)
-        if prepared.arena is not None:
-            for generation_pinned in pinned:
-                prepared.arena.unpin(generation_pinned)
 
     def unpin(self, owner: str, generation: int) -> bool:
         """Stop keeping ``owner``'s pinned arena slot ``generation`` (see :meth:`send`)."""
@@ -525,28 +436,6 @@ class FramedChannel:
             frames.append(encode_ack_frame(owner, generation, binary_header=binary_header))
         if frames:
             self._write(frames, from_loop=from_loop)
-
-    def _check_outgoing(
-        self, kind: str, buffers: int, chunks: Sequence[bytes | memoryview]
-    ) -> None:
-        header_len = len(chunks[1])
-        total = sum(memoryview(chunk).nbytes for chunk in chunks)
-        problem: tuple[str, str] | None = None
-        if buffers > self.limits.max_buffers:
-            problem = ("too_many_buffers", f"{buffers} buffers; limit {self.limits.max_buffers}")
-        elif header_len > self.limits.max_header_bytes:
-            problem = (
-                "header_too_large",
-                f"header of {header_len} bytes; limit {self.limits.max_header_bytes}",
-            )
-        elif total > self.limits.max_total_bytes:
-            problem = (
-                "frame_too_large",
-                f"frame of {total} bytes; limit {self.limits.max_total_bytes}",
-            )
-        if problem is not None:
-            code, detail = problem
-            raise ProtocolError(f"refusing to send {kind}: {detail}", code=code, channel=self.name)
 
     def _write(self, chunks: Sequence[bytes | memoryview], *, from_loop: bool = False) -> None:
         """Write whole frames. From the event loop this never waits for the peer: what the
@@ -739,41 +628,13 @@ class FramedChannel:
         dropped (inline) or the buffer is acknowledged (arena). A buffer in a single segment
         is copied either way.
         """
-        if len(names) != len(frame.buffers) or len(set(names)) != len(names):
-            raise ProtocolError(
-                f"{frame.kind} carries {len(frame.buffers)} buffer(s); "
-                f"expected one per distinct name in {list(names)}",
-                code="buffer_count",
-                channel=self.name,
-            )
-        arrays: dict[str, np.ndarray[Any, Any]] = {}
-        for name, descriptor, payload in zip(names, frame.buffers, frame.payloads, strict=True):
-            dtype = numpy_dtype(descriptor.dtype)
-            if payload is not None:
-                array = np.frombuffer(payload, dtype=dtype).reshape(descriptor.shape)
-                arrays[name] = array.copy() if copy else array
-                continue
-            consumer, reader = self._consumer, self._arena_reader
-            if not self.same_domain or consumer is None or reader is None:
-                raise ProtocolError(
-                    f"buffer {name!r} arrived in shared memory {descriptor.location}, "
-                    "which this channel has not enabled",
-                    code="shm_not_enabled",
-                    channel=self.name,
-                )
-            try:
-                if descriptor.in_arena:
-                    view = reader.view(descriptor, dtype)
-                    arrays[name] = view.copy() if copy else view
-                    continue
-                array = np.empty(descriptor.shape, dtype=dtype)
-                consumer.copy_into(descriptor, _bytes_of(array))
-            except ShmError as exc:
-                raise ProtocolError(
-                    f"buffer {name!r}: {exc}", code=f"shm_{exc.code}", channel=self.name
-                ) from exc
-            arrays[name] = array
-        return arrays, frame_acks(frame)
+        return frame_arrays(
+            frame,
+            names,
+            copy=copy,
+            shm=(self._consumer, self._arena_reader) if self.same_domain else None,
+            channel=self.name,
+        )
 
     # Reading on an event loop (POSIX).
 

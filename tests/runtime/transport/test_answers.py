@@ -1,7 +1,7 @@
 """A worker's answer read by its layout: the same values as the decoder reads, or nothing.
 
 Also the two ways a worker's answer gets cheaper to write: a result encoded before its run
-(``prepare_result``, sent with the run's time or withdrawn) and acknowledgement frames made
+(``prepare_answer``, sent with the run's time or withdrawn) and acknowledgement frames made
 from the bytes kept for their owner."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from runtime.contracts.messages import (
     ResultMessage,
     decode_message,
 )
-from runtime.transport.answers import AnswerLayout
+from runtime.transport.answers import AnswerLayout, prepare_answer, send_answer
 from tests.helpers.answers import answer_write, learned
 
 if TYPE_CHECKING:
@@ -194,11 +194,11 @@ def test_a_prepared_result_goes_out_with_the_run_time_after_its_acknowledgements
     worker, controller = channel_pair(shm_prefix=shm_prefix, same_domain=True)
     worker.binary_headers = True
     message, arrays, placed = _slot_result(worker, "ort-1")
-    prepared = worker.prepare_result(
-        message, arrays, owner="ort-1", generation=9, placed=placed, acks=[("stage-0", 4)]
+    prepared = prepare_answer(
+        worker, message, arrays, owner="ort-1", generation=9, placed=placed, acks=[("stage-0", 4)]
     )
     assert prepared is not None
-    worker.send_prepared(prepared, run_s=0.125)
+    send_answer(worker, prepared, run_s=0.125)
     ack, _ = controller.read_message(WORKER_TO_CONTROLLER, timeout_s=5)
     assert ack == AckMessage("stage-0", 4)
     result, frame = controller.read_message(WORKER_TO_CONTROLLER, timeout_s=5)
@@ -220,10 +220,10 @@ def test_a_withdrawn_result_frees_its_slots_and_writes_nothing(
     worker, controller = channel_pair(shm_prefix=shm_prefix, same_domain=True)
     worker.binary_headers = True
     message, arrays, placed = _slot_result(worker, "ort-1")
-    prepared = worker.prepare_result(message, arrays, owner="ort-1", generation=9, placed=placed)
+    prepared = prepare_answer(worker, message, arrays, owner="ort-1", generation=9, placed=placed)
     assert prepared is not None
-    worker.withdraw(prepared)
-    worker.withdraw(prepared)
+    prepared.withdraw()
+    prepared.withdraw()
     arena = worker.arena("ort-1")
     assert arena is not None
     assert arena.retained_count == 0
@@ -236,12 +236,13 @@ def test_a_result_is_prepared_only_with_binary_headers_and_every_array_placed(
     worker, _ = channel_pair(shm_prefix=shm_prefix, same_domain=True)
     message, arrays, placed = _slot_result(worker, "ort-1")
     assert (
-        worker.prepare_result(message, arrays, owner="ort-1", generation=9, placed=placed) is None
+        prepare_answer(worker, message, arrays, owner="ort-1", generation=9, placed=placed) is None
     )
     worker.binary_headers = True
-    assert worker.prepare_result(message, arrays, owner="ort-1", generation=9, placed={}) is None
+    assert prepare_answer(worker, message, arrays, owner="ort-1", generation=9, placed={}) is None
     with pytest.raises(ValueError, match="names tensors"):
-        worker.prepare_result(
+        prepare_answer(
+            worker,
             ResultMessage(9, "req-9", 0, ("z",), 0.0, 0),
             arrays,
             owner="ort-1",
@@ -260,10 +261,10 @@ def test_a_prepared_result_refuses_a_run_time_that_is_not_a_number(
     worker, controller = channel_pair(shm_prefix=shm_prefix, same_domain=True)
     worker.binary_headers = True
     message, arrays, placed = _slot_result(worker, "ort-1")
-    prepared = worker.prepare_result(message, arrays, owner="ort-1", generation=9, placed=placed)
+    prepared = prepare_answer(worker, message, arrays, owner="ort-1", generation=9, placed=placed)
     assert prepared is not None
     with pytest.raises(ValueError, match="run time nan"):
-        worker.send_prepared(prepared, run_s=math.nan)
+        send_answer(worker, prepared, run_s=math.nan)
     arena = worker.arena("ort-1")
     assert arena is not None
     assert arena.retained_count == 0

@@ -24,14 +24,13 @@ from runtime.contracts.messages import (
     ShutdownMessage,
 )
 from runtime.errors import ExecutionError
+from runtime.transport import descriptor_dtype, numpy_dtype
 from runtime.transport.channel import (
     ChannelClosed,
     ChannelTimeout,
     FramedChannel,
     ProtocolError,
-    descriptor_dtype,
     frame_acks,
-    numpy_dtype,
 )
 from runtime.transport.handshake import expect_hello
 from runtime.transport.shm import SHM_DIR, ShmLimitExceeded
