@@ -148,8 +148,9 @@ class GraphWorker:
         #: The layout of this worker's answers, learned from one it sent (answers.py).
         self._answers: AnswerLayout | None = None
         self._answer_tries = 0
-        #: The I/O binding of the last call over arena memory, with the addresses, dtypes and
-        #: shapes it binds: back-to-back calls reuse their slots, and so the binding.
+        #: The I/O binding of the last call over arena memory, with where its inputs and
+        #: outputs lie (and their dtypes and shapes): back-to-back calls reuse their slots,
+        #: and so the binding.
         self._binding: tuple[tuple[object, ...], ort.IOBinding] | None = None
 
     # Loading.

@@ -52,10 +52,11 @@ class BorrowedReader:
     """The lending of one channel's pipe between its loop and direct callers.
 
     ``take(frame)`` runs on the borrowing thread and returns True when it took the frame
-    (its own call's result); any other frame goes to ``on_frame`` on the loop. A read of whole
-    frames is offered to ``take_whole(bytes)`` first (True: it took them all, read the fast
-    way), and ``learn(bytes, frames)`` sees each read of whole frames decoded the usual way. ``usable()``
-    says whether the stage may still be read directly (not failed, not closing).
+    (its own call's result); any other frame goes to ``on_frame`` on the loop. A read of
+    whole frames is offered to ``take_whole(bytes)`` first (True: it took them all, by their
+    layout), and ``learn(bytes, frames)`` sees each read of whole frames decoded the usual
+    way. ``usable()`` says whether the stage may still be read directly (not failed, not
+    closing).
     """
 
     def __init__(

@@ -7,7 +7,7 @@ import pytest
 
 from runtime.contracts import BufferDescriptor, DescriptorError, DType, decode_frame
 from runtime.contracts.codec import Frame, encode_frame_parts
-from runtime.transport import channel
+from runtime.transport import frame_io
 from runtime.wire import (
     array_from_buffer,
     descriptor_dtype,
@@ -109,8 +109,9 @@ def test_shared_memory_buffers_are_not_read_from_the_frame() -> None:
 
 
 def test_the_dtype_mapping_is_the_channels() -> None:
+    # The channel's arrays go to and from frames through frame_io.
     for dtype in DType:
-        assert numpy_dtype(dtype) == channel.numpy_dtype(dtype)
+        assert numpy_dtype(dtype) == frame_io.numpy_dtype(dtype)
         assert (
-            descriptor_dtype(numpy_dtype(dtype)) is dtype is channel.descriptor_dtype(dtype.value)
+            descriptor_dtype(numpy_dtype(dtype)) is dtype is frame_io.descriptor_dtype(dtype.value)
         )
