@@ -295,8 +295,8 @@ class _Template:
             literals.append(raw[position:])
             formats.append(f"{len(raw) - position}s")
         self._struct = struct.Struct("<" + "".join(formats))
-        self._pick_literals = _picker(literal_index)
-        self._pick_values = _picker(value_index)
+        self._pick_literals = picker(literal_index)
+        self._pick_values = picker(value_index)
         self._literals = tuple(literals)
         self._fields = tuple(fields)
         self._kind = kind
@@ -341,7 +341,7 @@ class _Template:
         return self._kind, body, descriptors, self._required
 
 
-def _picker(indexes: list[int]) -> Any:
+def picker(indexes: list[int]) -> Any:
     """A function taking ``indexes`` of a tuple, always as a tuple."""
     if not indexes:
         return lambda values: ()

@@ -19,7 +19,6 @@ caches cold, returns sooner.
 from __future__ import annotations
 
 import math
-import operator
 import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -104,8 +103,8 @@ class AnswerLayout:
     ) -> None:
         self._struct = struct.Struct("<" + "".join(formats))
         self.size = self._struct.size
-        self._pick_literals = _picker(literal_index)
-        self._pick_values = _picker(value_index)
+        self._pick_literals = binary.picker(literal_index)
+        self._pick_values = binary.picker(value_index)
         self._literals = tuple(literals)
         self._ack_owners = ack_owners
         self._descriptors = descriptors
@@ -117,11 +116,13 @@ class AnswerLayout:
         self._run_s_at = at[("run_s", 0)]
         self._copied_at = at[("copied_bytes", 0)]
         self._request_id_at = at[("request_id", 0)]
-        self._pick_acks = _picker([at[("ack", i)] for i in range(len(ack_owners))])
-        self._pick_generations = _picker([at[("generation", i)] for i in range(len(descriptors))])
-        self._pick_offsets = _picker([at[("offset", i)] for i in range(len(descriptors))])
+        self._pick_acks = binary.picker([at[("ack", i)] for i in range(len(ack_owners))])
+        self._pick_generations = binary.picker(
+            [at[("generation", i)] for i in range(len(descriptors))]
+        )
+        self._pick_offsets = binary.picker([at[("offset", i)] for i in range(len(descriptors))])
         #: Every u64 value (all but the run time and the request id): at most 63 bits.
-        self._pick_counters = _picker(
+        self._pick_counters = binary.picker(
             [index for index, field in enumerate(fields) if field[0] not in ("run_s", "request_id")]
         )
         # For packing: the struct's arguments with every literal in place, and where each
@@ -344,13 +345,3 @@ def send_answer(channel: FramedChannel, prepared: PreparedFrame, *, run_s: float
 
 #: The buffer limit a layout is learned under (an answer has one buffer per output).
 _MAX_BUFFERS: Final = 256
-
-
-def _picker(indexes: list[int]) -> Any:
-    """A function taking ``indexes`` of a tuple, always as a tuple."""
-    if not indexes:
-        return lambda values: ()
-    if len(indexes) == 1:
-        only = indexes[0]
-        return lambda values: (values[only],)
-    return operator.itemgetter(*indexes)
