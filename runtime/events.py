@@ -160,6 +160,11 @@ class EventBus:
 
         return unsubscribe
 
+    @property
+    def wanted(self) -> bool:
+        """Whether anyone listens now: a hot path skips making events nobody receives."""
+        return bool(self._subscribers)
+
     def publish(self, event: Event) -> None:
         with self._lock:
             subscribers = tuple(self._subscribers)

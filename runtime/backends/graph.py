@@ -19,7 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -46,7 +46,7 @@ from runtime.backends.worker_client import (
 )
 from runtime.contracts import FrameLimits, RequestKey
 from runtime.contracts.binary import FEATURE as BINARY_FEATURE
-from runtime.contracts.buffers import DescriptorError
+from runtime.contracts.buffers import BufferDescriptor, DescriptorError
 from runtime.contracts.codec import Frame
 from runtime.contracts.messages import (
     WORKER_TO_CONTROLLER,
@@ -72,6 +72,7 @@ from runtime.errors import (
 from runtime.host import spawn_worker
 from runtime.transport.answers import AnswerLayout
 from runtime.transport.arena import ArenaSlot, arena_size_for
+from runtime.transport.calls import CallPacker
 from runtime.transport.channel import ARENA_THRESHOLD, ChannelClosed, ProtocolError, frame_acks
 from runtime.transport.shm import ShmError, new_prefix, sweep_segments
 
@@ -100,6 +101,13 @@ class _SentCall:
     started: float
     bytes_in: int
     copied: int
+
+
+class _Ran(NamedTuple):
+    """What a result read by its layout tells of the run (a ``ResultMessage``'s figures)."""
+
+    run_s: float
+    copied_bytes: int
 
 
 class GraphStageClient(WorkerStageClient[ReadyMessage]):
@@ -133,6 +141,8 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         self._pending: dict[int, tuple[RequestKey, asyncio.Future[Any] | cf.Future[Any]]] = {}
         # The layout of the worker's answers to direct calls, once learned.
         self._answers: AnswerLayout | None = None
+        #: This stage's calls packed by their layout (:mod:`runtime.transport.calls`).
+        self._calls = CallPacker()
         self._answers_missed = False
         self._answer_reads = 0
         self._answer_failures = 0
@@ -575,19 +585,15 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         key, future = entry
         channel = self._channel
         assert channel is not None
+        if answer.request_id != key.request_id.encode("utf-8"):
+            return False
+
+        def read(buffers: tuple[BufferDescriptor, ...]) -> dict[str, np.ndarray]:
+            frame = Frame("result", {}, buffers, (None,) * len(buffers))
+            return channel.arrays_from_frame(frame, layout.output_names, copy=False)[0]
+
         try:
-            if answer.request_id != key.request_id.encode("utf-8"):
-                return False
-            message = ResultMessage(
-                answer.call_id,
-                key.request_id,
-                answer.epoch,
-                layout.output_names,
-                answer.run_s,
-                answer.copied_bytes,
-            )
-            frame = Frame("result", {}, answer.buffers, (None,) * len(answer.buffers))
-            arrays, acks = channel.arrays_from_frame(frame, layout.output_names, copy=False)
+            arrays = layout.outputs(answer, read)
         except (ValueError, ExecutionError):
             # The usual way reads it again and reports what is wrong with it.
             return False
@@ -596,7 +602,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
                 log.debug("%s: ignored a stale acknowledgement %s/%s", self.name, owner, generation)
         self._pending.pop(answer.call_id, None)
         self.answers_taken += 1
-        self._deliver(future, message, arrays, acks)
+        self._deliver(future, _Ran(answer.run_s, answer.copied_bytes), arrays, answer.buffer_acks)
         return True
 
     def _take_result(self, frame: Frame) -> bool:
@@ -634,7 +640,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
     def _deliver(
         self,
         future: asyncio.Future[Any] | cf.Future[Any],
-        message: ResultMessage,
+        message: ResultMessage | _Ran,
         arrays: dict[str, np.ndarray],
         acks: list[tuple[str, int]],
     ) -> None:
@@ -660,9 +666,12 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         assert self._channel is not None
         self._call_id += 1
         call_id = self._call_id
-        message = CallMessage(
-            call_id=call_id, request_id=key.request_id, epoch=key.epoch, input_names=tuple(inputs)
-        )
+        calls = self._calls
+        # A direct call repeating the last one goes out packed by its layout (calls.py).
+        packed = not from_loop and not retain and calls.fits(inputs)
+        message = None
+        if not packed:
+            message = CallMessage(call_id, key.request_id, key.epoch, tuple(inputs))
         self._pending[call_id] = (key, future)
         self._slot.take(key)
         channel = self._channel
@@ -673,16 +682,38 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         placed, pin = self._kept.slots(key, inputs, retain)
         slots: dict[str, ArenaSlot] = {}
         try:
-            copied = channel.send_message(
-                message,
-                inputs,
-                owner=self.name,
-                generation=call_id,
-                from_loop=from_loop,
-                placed=placed,
-                pin=pin,
-                slots=slots,
-            )
+            copied = None
+            if packed and not placed and not pin:
+                copied = calls.send(
+                    channel,
+                    inputs,
+                    call_id=call_id,
+                    epoch=key.epoch,
+                    request_id=key.request_id,
+                    slots=slots,
+                )
+            if copied is None:
+                if message is None:
+                    message = CallMessage(call_id, key.request_id, key.epoch, tuple(inputs))
+                if from_loop or placed or pin or not calls.repeated(inputs):
+                    copied = channel.send_message(
+                        message,
+                        inputs,
+                        owner=self.name,
+                        generation=call_id,
+                        from_loop=from_loop,
+                        placed=placed,
+                        pin=pin,
+                        slots=slots,
+                    )
+                else:
+                    body = message.to_body()
+                    prepared = channel.prepare(
+                        "call", body, inputs, self.name, call_id, (), None, (), (), slots
+                    )
+                    channel.write_prepared(prepared)
+                    copied = prepared.copied
+                    calls.learn(prepared.chunks)
         except (ExecutionError, DescriptorError) as exc:
             # The call never reached the worker: nothing will answer it.
             self._pending.pop(call_id, None)
@@ -715,7 +746,7 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
         self,
         key: RequestKey,
         sent: _SentCall,
-        result: ResultMessage,
+        result: ResultMessage | _Ran,
         arrays: dict[str, np.ndarray],
     ) -> CallResult:
         self._slot.ended()

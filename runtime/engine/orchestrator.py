@@ -467,7 +467,8 @@ class Orchestrator:
                 return None
             self._running.append(request)
             self._requests[request_id] = request
-        self.events.publish(RequestAdmitted(request_id=request_id, queued=False))
+        if self.events.wanted:
+            self.events.publish(RequestAdmitted(request_id=request_id, queued=False))
         status, message = "failed", ""
         try:
             outputs = program.run_direct(request, graph, self.events)
@@ -637,9 +638,10 @@ class Orchestrator:
             )
             del self._completed[:-1000]
             self._finished.notify_all()
-        self.events.publish(
-            RequestFinished(request_id=request.request_id, status=status, message=message)
-        )
+        if self.events.wanted:
+            self.events.publish(
+                RequestFinished(request_id=request.request_id, status=status, message=message)
+            )
         if not following:
             return
         assert self._loop is not None

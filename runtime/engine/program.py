@@ -294,18 +294,19 @@ def _record_call(
         copied_bytes=result.copied_bytes,
     )
     request.stage_metrics.append(entry)
-    events.publish(
-        StageCallFinished(
-            request_id=request.request_id,
-            stage=entry.stage,
-            queue_s=entry.queue_s,
-            run_s=entry.run_s,
-            transfer_s=entry.transfer_s,
-            bytes_in=entry.bytes_in,
-            bytes_out=entry.bytes_out,
-            copied_bytes=result.copied_bytes,
+    if events.wanted:
+        events.publish(
+            StageCallFinished(
+                request_id=request.request_id,
+                stage=entry.stage,
+                queue_s=entry.queue_s,
+                run_s=entry.run_s,
+                transfer_s=entry.transfer_s,
+                bytes_in=entry.bytes_in,
+                bytes_out=entry.bytes_out,
+                copied_bytes=result.copied_bytes,
+            )
         )
-    )
     return entry
 
 
@@ -685,11 +686,12 @@ class ChainProgram:
                     continue
                 # The final outputs outlive the slot: the caller's one copy.
                 kept = {name: np.array(value, copy=True) for name, value in result.outputs.items()}
-                events.publish(
-                    RequestOutputReady(
-                        request_id=request.request_id, stage=handle.name, index=0, finished=True
+                if events.wanted:
+                    events.publish(
+                        RequestOutputReady(
+                            request_id=request.request_id, stage=handle.name, index=0, finished=True
+                        )
                     )
-                )
                 return kept
         finally:
             if held is not None:

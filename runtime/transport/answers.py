@@ -28,7 +28,7 @@ from runtime.contracts.codec import PREFIX, PREFIX_SIZE
 from runtime.contracts.messages import AckMessage
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
 
     from runtime.contracts.buffers import BufferDescriptor
     from runtime.contracts.codec import Frame
@@ -44,6 +44,8 @@ __all__ = ["Answer", "AnswerLayout", "prepare_answer", "send_answer"]
 _MAX_U63: Final = 2**63 - 1
 #: The most acknowledgement frames an answer layout covers.
 MAX_ACKS: Final = 64
+#: The most sets of output slots whose arrays a layout keeps (a worker uses one or two).
+MAX_VIEWS: Final = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +59,26 @@ class Answer:
     run_s: float
     copied_bytes: int
     request_id: bytes
-    #: Each output's buffer, described as the learned one with this call's generation and
-    #: offset (in the result's order).
-    buffers: tuple[BufferDescriptor, ...]
+    #: Each output's generation and arena offset (in the result's order).
+    generations: tuple[int, ...]
+    offsets: tuple[int, ...]
+    #: The learned outputs' descriptors (what :attr:`buffers` derives each one from).
+    learned: tuple[BufferDescriptor, ...]
+
+    @property
+    def buffer_acks(self) -> list[tuple[str, int]]:
+        """``(owner, generation)`` of each output, which its reader acknowledges."""
+        return [(d.owner, g) for d, g in zip(self.learned, self.generations, strict=True)]
+
+    @property
+    def buffers(self) -> tuple[BufferDescriptor, ...]:
+        """Each output's buffer: the learned one with this call's generation and offset."""
+        return tuple(
+            descriptor.with_generation(generation, offset)
+            for descriptor, generation, offset in zip(
+                self.learned, self.generations, self.offsets, strict=True
+            )
+        )
 
 
 class AnswerLayout:
@@ -71,23 +90,24 @@ class AnswerLayout:
         "_copied_at",
         "_descriptors",
         "_epoch_at",
-        "_literals",
+        "_literal_bits",
+        "_literal_mask",
         "_pick_acks",
         "_pick_counters",
         "_pick_generations",
-        "_pick_literals",
         "_pick_offsets",
-        "_pick_values",
         "_request_id_at",
         "_run_s_at",
         "_slots",
         "_struct",
         "_template",
+        "_values",
         "ack_owners",
         "buffer_specs",
         "output_names",
         "request_id_size",
         "size",
+        "views",
     )
 
     def __init__(
@@ -103,9 +123,27 @@ class AnswerLayout:
     ) -> None:
         self._struct = struct.Struct("<" + "".join(formats))
         self.size = self._struct.size
-        self._pick_literals = binary.picker(literal_index)
-        self._pick_values = binary.picker(value_index)
-        self._literals = tuple(literals)
+        # Matching: every literal byte compared at once, as one integer (the write's bytes
+        # masked to the literals' against the learned ones), and the values unpacked by a
+        # struct that skips the literals.
+        literal_at = set(literal_index)
+        masked = bytearray()
+        mask = bytearray()
+        skipping: list[str] = []
+        for index, form in enumerate(formats):
+            size = struct.calcsize("<" + form)
+            if index in literal_at:
+                literal = literals[literal_index.index(index)]
+                masked += literal
+                mask += b"\xff" * size
+                skipping.append(f"{size}x")
+            else:
+                masked += bytes(size)
+                mask += bytes(size)
+                skipping.append(form)
+        self._literal_bits = int.from_bytes(masked, "little")
+        self._literal_mask = int.from_bytes(mask, "little")
+        self._values = struct.Struct("<" + "".join(skipping))
         self._ack_owners = ack_owners
         self._descriptors = descriptors
         self.output_names = output_names
@@ -136,6 +174,10 @@ class AnswerLayout:
         self.ack_owners = ack_owners
         self.request_id_size = int(formats[value_index[self._request_id_at]][:-1])
         self.buffer_specs = tuple((d.dtype, d.shape) for d in descriptors)
+        #: For the reader of these answers: the arrays over the outputs at each tuple of
+        #: offsets seen (the same slots, call after call), made and checked once
+        #: (:meth:`outputs`).
+        self.views: dict[tuple[int, ...], dict[str, Any]] = {}
 
     @classmethod
     def learn(cls, data: bytes | memoryview, frames: list[Frame]) -> AnswerLayout | None:
@@ -220,25 +262,12 @@ class AnswerLayout:
         None otherwise (the caller then reads it the usual way)."""
         if len(data) != self.size:
             return None
-        found = self._struct.unpack_from(data)
-        if self._pick_literals(found) != self._literals:
+        if (int.from_bytes(data, "little") & self._literal_mask) != self._literal_bits:
             return None
-        values = self._pick_values(found)
+        values = self._values.unpack_from(data)
         counters = self._pick_counters(values)
         run_s = values[self._run_s_at]
         if (counters and max(counters) > _MAX_U63) or not math.isfinite(run_s):
-            return None
-        try:
-            buffers = tuple(
-                descriptor.with_generation(generation, offset)
-                for descriptor, generation, offset in zip(
-                    self._descriptors,
-                    self._pick_generations(values),
-                    self._pick_offsets(values),
-                    strict=True,
-                )
-            )
-        except ValueError:
             return None
         return Answer(
             tuple(zip(self._ack_owners, self._pick_acks(values), strict=True)),
@@ -247,8 +276,25 @@ class AnswerLayout:
             run_s,
             values[self._copied_at],
             values[self._request_id_at],
-            buffers,
+            self._pick_generations(values),
+            self._pick_offsets(values),
+            self._descriptors,
         )
+
+    def outputs(
+        self, answer: Answer, read: Callable[[tuple[BufferDescriptor, ...]], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """The arrays over ``answer``'s outputs: ``read(descriptors)`` makes them the first
+        time these offsets come (and checks them), later answers in the same slots reuse them.
+        A new dict each time; the arrays read the slots in place, as ``read``'s do."""
+        offsets = answer.offsets
+        arrays = self.views.get(offsets)
+        if arrays is None:
+            arrays = read(answer.buffers)
+            if len(self.views) >= MAX_VIEWS:
+                self.views.clear()
+            self.views[offsets] = arrays
+        return dict(arrays)
 
     def pack(
         self,

@@ -16,7 +16,13 @@ import pytest
 
 from runtime.api import Omni
 from runtime.backends.graph import LEARN_TRIES
-from runtime.errors import RequestCancelled, ResourceUnavailable, StageRetired, WorkerDied
+from runtime.errors import (
+    OmniError,
+    RequestCancelled,
+    ResourceUnavailable,
+    StageRetired,
+    WorkerDied,
+)
 from runtime.events import (
     EventBus,
     RequestAdmitted,
@@ -309,6 +315,9 @@ def test_a_direct_run_frees_its_input_slots_before_it_returns(tmp_path: Path) ->
         # after the first, by the layout the first answer taught (answers.py).
         assert client._borrowed.lent_calls == 20  # type: ignore[attr-defined]
         assert client.answers_taken == 19  # type: ignore[attr-defined]
+        # The second call repeated the first and taught the layout its followers were
+        # packed by (calls.py).
+        assert client._calls.packed == 18  # type: ignore[attr-defined]
         assert "ack" not in handled
     assert not controller_segments()
 
@@ -317,6 +326,57 @@ def _big_add(tmp_path: Path) -> tuple[Path, int]:
     n = 16 * 1024  # results above the inline limit: they lie in the worker's arena
     manifest = make_bundle(tmp_path, n=n)
     return write_pipeline(tmp_path / "big-add.yaml", StageSpec(manifest, max_io="1MiB")), n
+
+
+def test_a_subscriber_that_joins_between_runs_gets_every_event_of_the_next(
+    demo_root: Path, options: dict[str, Any]
+) -> None:
+    """Nobody listening, a direct run makes no events (its metrics are kept all the same);
+    once someone listens, the next run publishes each one."""
+    events = EventBus()
+    with Omni(demo_root / "pipelines" / "add.yaml", events=events, **options) as omni:
+        assert not events.wanted
+        omni.run(_pair(1))
+        seen = _recorder(events)
+        assert events.wanted
+        omni.run(_pair(2))
+        order = [
+            type(event)
+            for event in seen
+            if isinstance(
+                event, (RequestAdmitted, StageCallFinished, RequestOutputReady, RequestFinished)
+            )
+        ]
+        assert order == [RequestAdmitted, StageCallFinished, RequestOutputReady, RequestFinished]
+        assert [r["status"] for r in omni.metrics()["requests"]] == ["completed", "completed"]
+
+
+def test_a_call_that_does_not_fit_the_packed_layout_goes_the_usual_way(tmp_path: Path) -> None:
+    pipeline, n = _big_add(tmp_path)
+    rng = np.random.default_rng(5)
+    with Omni(pipeline) as omni:
+        (client,) = engine_of(omni).clients
+        calls = client._calls  # type: ignore[attr-defined]
+
+        def run_and_check(a: np.ndarray, b: np.ndarray) -> None:
+            np.testing.assert_allclose(omni.run({"a": a, "b": b})["c"], a + b, rtol=1e-6)
+
+        for _ in range(4):
+            run_and_check(rng.standard_normal(n).astype(np.float32), np.ones(n, np.float32))
+        assert calls.packed == 2
+        # A strided view is sent as its copy, the usual way, and teaches the layout again.
+        wide = rng.standard_normal(2 * n).astype(np.float32)
+        run_and_check(wide[::2], np.ones(n, np.float32))
+        assert calls.packed == 2
+        # Another dtype is refused as before, whatever was packed.
+        with pytest.raises(OmniError, match=r"float64|dtype"):
+            omni.run({"a": np.ones(n, np.float64), "b": np.ones(n, np.float32)})
+        run_and_check(rng.standard_normal(n).astype(np.float32), np.ones(n, np.float32))
+        assert calls.packed == 3
+        arena = client._channel.arena(client.name)  # type: ignore[attr-defined]
+        assert arena is not None
+        assert arena.retained_count == 0
+    assert not controller_segments()
 
 
 def test_answers_that_stop_matching_their_layout_are_read_the_usual_way_and_relearned(
