@@ -37,7 +37,7 @@ import numpy as np
 import onnxruntime as ort
 
 from runtime.contracts.buffers import DescriptorError
-from runtime.contracts.codec import FrameDecoder, FrameError
+from runtime.contracts.codec import Frame, FrameDecoder, FrameError, encode_frame_parts
 from runtime.contracts.messages import (
     CONTROLLER_TO_WORKER,
     AckMessage,
@@ -65,6 +65,7 @@ from runtime.transport import numpy_dtype
 from runtime.transport.answers import AnswerLayout, prepare_answer, send_answer
 from runtime.transport.arena import arena_size_for
 from runtime.transport.awake import AwakeWait
+from runtime.transport.calls import Call, CallLayout
 from runtime.transport.channel import (
     ARENA_THRESHOLD,
     ChannelClosed,
@@ -87,7 +88,6 @@ from workers.ort_session import (
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from runtime.contracts.codec import Frame
     from runtime.contracts.messages import Message
     from runtime.transport.arena import ArenaSlot, ShmArena
     from runtime.transport.frame_io import PreparedFrame
@@ -101,6 +101,12 @@ WATCH_INTERVAL_S: Final = 0.005
 PARK_AFTER_S: Final = 1.0
 #: Answers the worker tries to learn a layout from before it stops trying.
 ANSWER_TRIES: Final = 3
+#: Calls whose layout could not be learned before a worker tries only one in
+#: :data:`CALL_RELEARN_EVERY` (calls.py).
+CALL_TRIES: Final = 3
+CALL_RELEARN_EVERY: Final = 64
+#: The most sets of input slots whose arrays a call layout keeps (a caller uses one or two).
+CALL_VIEWS: Final = 8
 
 
 def _generation() -> int:
@@ -152,6 +158,20 @@ class GraphWorker:
         #: outputs lie (and their dtypes and shapes): back-to-back calls reuse their slots,
         #: and so the binding.
         self._binding: tuple[tuple[object, ...], ort.IOBinding] | None = None
+        #: The layout of the controller's calls, learned from one it sent (calls.py), and
+        #: per set of input offsets the arrays over them and where they lie.
+        self._calls: CallLayout | None = None
+        self._call_layout_signature: tuple[object, ...] | None = None
+        self._call_failures = 0
+        self._call_count = 0
+        self._call_signature: tuple[object, ...] | None = None
+        self._call_views: dict[
+            tuple[int, ...], tuple[dict[str, np.ndarray], tuple[object, ...] | None]
+        ] = {}
+        #: Calls read by their layout, not decoded.
+        self.calls_by_layout = 0
+        #: Run options of the last run, reused while no run was cancelled.
+        self._spare_options: ort.RunOptions | None = None
 
     # Loading.
 
@@ -214,11 +234,17 @@ class GraphWorker:
             if not self._pending and not self._channel.has_frames:
                 self._awake.wait()
             try:
-                item = self._channel.read_frame(pending=self._pending)
+                item = self._channel.read_frame(pending=self._pending, whole=self._match_call)
             except ChannelClosed:
                 return EXIT_OK
             if isinstance(item, ProtocolError):
                 raise item
+            if isinstance(item, Call):
+                self._awake.arrived()
+                self._call_packed(item)
+                if self._shutdown_requested:
+                    return self._bye()
+                continue
             message = self._decode(item)
             if isinstance(message, CallMessage):
                 self._awake.arrived()
@@ -328,7 +354,6 @@ class GraphWorker:
             return True
 
     def _call(self, message: CallMessage, frame: Frame) -> None:
-        assert self._session is not None
         try:
             arrays, acks = self._channel.arrays_from_frame(frame, message.input_names, copy=False)
         except ProtocolError:
@@ -339,19 +364,99 @@ class GraphWorker:
             for array, descriptor in zip(arrays.values(), frame.buffers, strict=True)
             if not descriptor.inline and not descriptor.in_arena
         )
+        self._learn_call(message, frame)
+        self._run_call(message, arrays, acks, copied, _arena_places(message, frame))
+
+    # Calls read by their layout (runtime/transport/calls.py).
+
+    def _match_call(self, data: memoryview) -> Call | None:
+        """Offered each read that starts at a frame boundary: a whole call of the learned
+        layout, or None (the decoder reads it: another kind of frame, another layout, or a
+        call written together with other frames)."""
+        layout = self._calls
+        return None if layout is None else layout.match(data)
+
+    def _learn_call(self, message: CallMessage, frame: Frame) -> None:
+        """Learn the layout of the controller's calls from one decoded the usual way, when
+        none is known or this call's inputs (names, owners, arenas, dtypes, shapes) or request
+        id length differ from the known one's and repeat the last call's (a stage whose calls
+        change every time is not worth it); a stage whose calls have no such layout is tried
+        one call in :data:`CALL_RELEARN_EVERY`."""
+        signature = (
+            message.input_names,
+            len(message.request_id.encode("utf-8")),
+            *((d.owner, d.location, d.dtype, d.shape) for d in frame.buffers),
+        )
+        repeated, self._call_signature = signature == self._call_signature, signature
+        self._call_count += 1
+        if (
+            not repeated
+            or signature == self._call_layout_signature
+            or not self._channel.binary_headers
+            or (self._call_failures >= CALL_TRIES and self._call_count % CALL_RELEARN_EVERY)
+        ):
+            return
+        layout = None
+        if frame.buffers and all(descriptor.in_arena for descriptor in frame.buffers):
+            parts = encode_frame_parts(
+                "call",
+                message.to_body(),
+                [(descriptor, None) for descriptor in frame.buffers],
+                binary_header=True,
+            )
+            layout = CallLayout.learn(b"".join(bytes(part) for part in parts))
+        if layout is None:
+            self._call_failures += 1
+            return
+        self._calls, self._call_layout_signature, self._call_failures = layout, signature, 0
+        self._call_views.clear()
+
+    def _call_packed(self, call: Call) -> None:
+        """A call read by its layout: its inputs read in place (the arrays over each set of
+        input slots made once), then run as any other."""
+        layout = call.layout
+        message = CallMessage(call.call_id, call.request_id, call.epoch, layout.input_names)
+        acks = call.acks
+        found = self._call_views.get(call.offsets)
+        if found is None:
+            buffers = call.buffers
+            frame = Frame("call", {}, buffers, (None,) * len(buffers))
+            try:
+                arrays, _ = self._channel.arrays_from_frame(frame, layout.input_names, copy=False)
+            except ProtocolError:
+                self._channel.send_acks(acks)
+                raise
+            if len(self._call_views) >= CALL_VIEWS:
+                self._call_views.clear()
+            found = self._call_views[call.offsets] = (arrays, _arena_places(message, frame))
+        arrays, places = found
+        self.calls_by_layout += 1
+        self._run_call(message, dict(arrays), acks, 0, places)
+
+    def _run_call(
+        self,
+        message: CallMessage,
+        arrays: dict[str, np.ndarray],
+        acks: list[tuple[str, int]],
+        copied: int,
+        places: tuple[object, ...] | None,
+    ) -> None:
+        assert self._session is not None
         try:
             bucket = check_call_inputs(arrays, self._buckets, self._max_io_bytes)
         except WorkerError as refused:
             self._send_error(message.call_id, refused.code, refused.message, acks=acks)
             return
         placed = self._place_outputs(bucket)
-        options = ort.RunOptions()
-        # A failed or cancelled call is reported as a value; ORT need not log it too.
-        options.log_severity_level = 4
-        # ONNX Runtime's Python side looks this entry up on every run_with_iobinding, and a
-        # missing entry costs it a raised and caught exception (about 40 us here); "0" is
-        # the value it assumes when the entry is missing.
-        options.add_run_config_entry(GRAPH_ID_ENTRY, "0")
+        options, self._spare_options = self._spare_options, None
+        if options is None:
+            options = ort.RunOptions()
+            # A failed or cancelled call is reported as a value; ORT need not log it too.
+            options.log_severity_level = 4
+            # ONNX Runtime's Python side looks this entry up on every run_with_iobinding, and
+            # a missing entry costs it a raised and caught exception (about 40 us here); "0"
+            # is the value it assumes when the entry is missing.
+            options.add_run_config_entry(GRAPH_ID_ENTRY, "0")
         # Outputs placed in the arena are known before the run: their answer is packed by the
         # layout of an earlier one once the run ends, or else encoded now, so that once the
         # run ends the worker only fills in its time and writes it.
@@ -367,7 +472,7 @@ class GraphWorker:
         outputs: dict[str, np.ndarray] | None = None
         failure: str | None = None
         try:
-            outputs = self._run(arrays, placed, options, _arena_places(message, frame))
+            outputs = self._run(arrays, placed, options, places)
         except ORT_ERRORS as exc:
             failure = f"ONNX Runtime failed the call: {exc}"
         finally:
@@ -377,6 +482,10 @@ class GraphWorker:
                 self._running = None
                 self._options = None
                 cancelled = self._cancelled
+            if not cancelled:
+                # Never told to terminate (a cancel sets both under the lock): the next run
+                # may use the same options.
+                self._spare_options = options
         # The inputs were read in place: the controller may reuse their slots now.
         del arrays
         if outputs is None:
@@ -604,6 +713,9 @@ class GraphWorker:
         watcher = self._watcher
         if watcher is not None and watcher is not threading.current_thread():
             watcher.join(1.0)
+        # The arrays over the controller's arena let its mapping go.
+        self._call_views.clear()
+        self._calls = None
 
 
 def _arena_places(message: CallMessage, frame: Frame) -> tuple[object, ...] | None:

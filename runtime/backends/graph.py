@@ -810,6 +810,8 @@ class GraphStageClient(WorkerStageClient[ReadyMessage]):
     # -- retirement ------------------------------------------------------------------
 
     async def _after_retire(self, outcome: RetireOutcome | None) -> None:
+        # The layouts go with the channel: the arrays over the worker's arena let it go.
+        self._answers, self._calls = None, CallPacker()
         if self._shm_prefix is not None:
             sweep_segments(self._shm_prefix)
         self._remove_tmpdir(outcome)

@@ -7,7 +7,9 @@ frames differ only in the call id, the epoch, the request id (of one length) and
 generation and arena offset. :class:`CallLayout` is learned from one frame the encoder made;
 a later call with the same inputs is then written as :meth:`CallLayout.pack` gives it, one
 ``struct`` call, instead of building its message, descriptors and header again. The bytes are
-the encoder's, so the worker reads them as any other call.
+the encoder's, so a worker reads them as any other call; a worker that learned the layout too
+reads such a call with :meth:`CallLayout.match` (a masked compare and one unpack) instead of
+the decoder and the messages.
 
 :func:`send_call` copies the inputs into the arena and writes the packed frame; anything it
 does not cover (another shape, an input kept across calls, no room in the arena) is left to
@@ -17,6 +19,7 @@ the usual way.
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
@@ -28,10 +31,12 @@ from runtime.wire import numpy_dtype
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
+    from runtime.contracts.buffers import BufferDescriptor
+
     from .arena import ArenaSlot
     from .channel import FramedChannel
 
-__all__ = ["CallLayout", "CallPacker", "send_call"]
+__all__ = ["Call", "CallLayout", "CallPacker", "send_call"]
 
 #: The largest value a u64 field may carry (the contracts' 63-bit counters and offsets).
 _MAX_U63: Final = 2**63 - 1
@@ -42,21 +47,59 @@ MAX_INPUTS: Final = 64
 _MAX_LEARNED: Final = 64 * 1024
 
 
+@dataclass(frozen=True, slots=True)
+class Call:
+    """The per-call values of a call frame of a known layout, checked."""
+
+    call_id: int
+    epoch: int
+    request_id: str
+    generations: tuple[int, ...]
+    offsets: tuple[int, ...]
+    layout: CallLayout
+
+    @property
+    def buffers(self) -> tuple[BufferDescriptor, ...]:
+        """Each input's buffer: the learned one with this call's generation and offset."""
+        return tuple(
+            descriptor.with_generation(generation, offset)
+            for descriptor, generation, offset in zip(
+                self.layout.descriptors, self.generations, self.offsets, strict=True
+            )
+        )
+
+    @property
+    def acks(self) -> list[tuple[str, int]]:
+        """``(owner, generation)`` of each input, which its reader acknowledges."""
+        owner = self.layout.owner
+        return [(owner, generation) for generation in self.generations]
+
+
 class CallLayout:
     """The layout of one call frame; build it with :meth:`learn`."""
 
     __slots__ = (
         "_generation_slots",
+        "_literal_bits",
+        "_literal_mask",
         "_offset_slots",
+        "_pick_generations",
+        "_pick_offsets",
         "_slot_call_id",
         "_slot_epoch",
         "_slot_request_id",
         "_struct",
         "_template",
+        "_value_call_id",
+        "_value_epoch",
+        "_value_request_id",
+        "_values",
+        "descriptors",
         "input_names",
         "input_specs",
         "owner",
         "request_id_size",
+        "size",
     )
 
     def __init__(
@@ -64,23 +107,52 @@ class CallLayout:
         formats: list[str],
         template: list[object],
         fields: dict[tuple[str, int], int],
-        owner: str,
+        descriptors: tuple[BufferDescriptor, ...],
         input_names: tuple[str, ...],
-        input_specs: tuple[tuple[np.dtype[Any], tuple[int, ...]], ...],
     ) -> None:
         self._struct = struct.Struct("<" + "".join(formats))
+        self.size = self._struct.size
         self._template = template
+        # Matching (the worker's side): the literal bytes compared at once as one masked
+        # integer, the values unpacked by a struct that skips the literals.
+        masked = bytearray()
+        mask = bytearray()
+        skipping: list[str] = []
+        for form, literal in zip(formats, template, strict=True):
+            size = struct.calcsize("<" + form)
+            if isinstance(literal, bytes):
+                masked += literal
+                mask += b"\xff" * size
+                skipping.append(f"{size}x")
+            else:
+                masked += bytes(size)
+                mask += bytes(size)
+                skipping.append(form)
+        self._literal_bits = int.from_bytes(masked, "little")
+        self._literal_mask = int.from_bytes(mask, "little")
+        self._values = struct.Struct("<" + "".join(skipping))
+        # Where each value lies among the unpacked values (in the frame's order).
+        order = sorted(fields, key=fields.__getitem__)
+        at = {field: index for index, field in enumerate(order)}
+        self._value_call_id = at[("call_id", 0)]
+        self._value_epoch = at[("epoch", 0)]
+        self._value_request_id = at[("request_id", 0)]
+        count = len(input_names)
+        self._pick_generations = binary.picker([at[("generation", i)] for i in range(count)])
+        self._pick_offsets = binary.picker([at[("offset", i)] for i in range(count)])
         self._slot_call_id = fields[("call_id", 0)]
         self._slot_epoch = fields[("epoch", 0)]
         self._slot_request_id = fields[("request_id", 0)]
-        count = len(input_names)
         self._generation_slots = tuple(fields[("generation", i)] for i in range(count))
         self._offset_slots = tuple(fields[("offset", i)] for i in range(count))
+        #: The learned inputs' descriptors (a call's are these with its generations and
+        #: offsets, :meth:`Call.buffers`).
+        self.descriptors = descriptors
         #: The arena's owner (every input's descriptor names it).
-        self.owner = owner
+        self.owner = descriptors[0].owner
         self.input_names = input_names
         #: Each input's NumPy dtype and shape, in order: what a call must send to fit.
-        self.input_specs = input_specs
+        self.input_specs = tuple((numpy_dtype(d.dtype), d.shape) for d in descriptors)
         self.request_id_size = int(formats[self._slot_request_id][:-1])
 
     @classmethod
@@ -127,13 +199,32 @@ class CallLayout:
         if len(raw) > position:
             formats.append(f"{len(raw) - position}s")
             template.append(raw[position:])
-        return cls(
-            formats,
-            template,
-            fields,
-            descriptors[0].owner,
-            tuple(body["input_names"]),
-            tuple((numpy_dtype(d.dtype), d.shape) for d in descriptors),
+        return cls(formats, template, fields, tuple(descriptors), tuple(body["input_names"]))
+
+    def match(self, data: bytes | memoryview) -> Call | None:
+        """The values of ``data`` when it is one whole call frame of this layout with values
+        the decoder accepts (63-bit counters, a UTF-8 request id); None otherwise (the reader
+        then decodes it the usual way)."""
+        if len(data) != self.size:
+            return None
+        if (int.from_bytes(data, "little") & self._literal_mask) != self._literal_bits:
+            return None
+        values = self._values.unpack_from(data)
+        request_id = values[self._value_request_id]
+        try:
+            text = request_id.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        counters = [value for value in values if type(value) is int]
+        if max(counters) > _MAX_U63:
+            return None
+        return Call(
+            values[self._value_call_id],
+            values[self._value_epoch],
+            text,
+            self._pick_generations(values),
+            self._pick_offsets(values),
+            self,
         )
 
     def fits(self, inputs: Mapping[str, Any]) -> bool:
@@ -202,7 +293,11 @@ def send_call(
         request = request_id.encode("utf-8")
     except UnicodeEncodeError:
         return None
-    if arena is None or len(request) != layout.request_id_size:
+    if (
+        arena is None
+        or arena.name != layout.descriptors[0].location
+        or len(request) != layout.request_id_size
+    ):
         return None
     taken: list[ArenaSlot] = []
     try:

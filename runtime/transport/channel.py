@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 
 
 _P = TypeVar("_P")
+_T = TypeVar("_T")
 
 DEFAULT_SHM_THRESHOLD = 256 << 10
 #: Arrays above this size go to the sender's arena when it has one: writing into a mapped,
@@ -511,25 +512,34 @@ class FramedChannel:
     # Receiving.
 
     def read_frame(
-        self, timeout_s: float | None = None, *, pending: deque[_P] | None = None
-    ) -> Frame | _P:
+        self,
+        timeout_s: float | None = None,
+        *,
+        pending: deque[_P] | None = None,
+        whole: Callable[[memoryview], _T | None] | None = None,
+    ) -> Frame | _P | _T:
         """Block until one whole frame arrives and return it.
 
         Raises :class:`ChannelClosed` at end of stream, :class:`ProtocolError` for a
         malformed or truncated frame, and :class:`ChannelTimeout` when ``timeout_s``
         passes first (the partial frame is kept for the next call). With ``pending``, an
-        item another reader left there (under the read lock) is returned first.
+        item another reader left there (under the read lock) is returned first. A read that
+        starts at a frame boundary with no frame waiting is offered to ``whole(bytes)``
+        first: what it returns (not None) is returned instead, the decoder never seeing
+        those bytes (a call read by its layout, :mod:`runtime.transport.calls`).
         """
         with self._read_lock:
             if pending:
                 return pending.popleft()
             try:
-                return self._read_frame_locked(timeout_s)
+                return self._read_frame_locked(timeout_s, whole)
             finally:
                 if self._closed:
                     self._close_reader()
 
-    def _read_frame_locked(self, timeout_s: float | None) -> Frame:
+    def _read_frame_locked(
+        self, timeout_s: float | None, whole: Callable[[memoryview], _T | None] | None = None
+    ) -> Frame | _T:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while not self._ready:
             if self._read_failed is not None:
@@ -539,9 +549,14 @@ class FramedChannel:
             # A pipe read returns what is there: reading more than this step needs takes a
             # whole small frame (prefix, header and payload) in one system call.
             need = READ_CHUNK if self._decoder.bytes_needed() else 0
+            at_boundary = self._decoder.at_boundary
             chunk = self._read_some(need, deadline, timeout_s) if need else b""
             if need and not chunk:
                 self._end_of_stream()
+            if whole is not None and at_boundary and isinstance(chunk, memoryview):
+                taken = whole(chunk)
+                if taken is not None:
+                    return taken
             try:
                 self._feed(chunk)
             except FrameError as exc:

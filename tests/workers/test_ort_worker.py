@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +19,8 @@ import pytest
 from runtime.backends.placement import PlacementReport, gate_placement
 from runtime.contracts.buffers import DType
 from runtime.contracts.messages import (
+    WORKER_TO_CONTROLLER,
+    AckMessage,
     ByeMessage,
     CallMessage,
     CancelMessage,
@@ -29,6 +33,7 @@ from runtime.contracts.messages import (
 )
 from runtime.host.launch import GENERATION_VARIABLE
 from runtime.transport.channel import FramedChannel
+from tests.helpers.onnx_graphs import make_bundle
 from tests.workers.support import (
     CPU,
     ENDLESS_STEPS,
@@ -51,6 +56,8 @@ from workers.ort_worker import (
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
+
+    from runtime.contracts.codec import Frame
 
 #: Seconds from sending ``cancel`` to receiving the ``cancelled`` error from a worker process
 #: (measured on 2 shared cores: median 6 ms, worst of 10 runs 25 ms).
@@ -304,6 +311,95 @@ def test_inputs_in_another_arena_slot_are_bound_again(
         np.testing.assert_allclose(outputs["y"], loop_reference(x, 1), rtol=1e-4, atol=1e-5)
     assert arena.retained_count == 0
     _shutdown(worker)
+
+
+def _answer(controller: FramedChannel) -> tuple[ResultMessage, Frame]:
+    """The next result on ``controller``, the acknowledgements before it taken."""
+    while True:
+        message, frame = controller.read_message(WORKER_TO_CONTROLLER, timeout_s=30)
+        if isinstance(message, AckMessage):
+            assert controller.acknowledge(message.owner, message.generation)
+            continue
+        assert isinstance(message, ResultMessage), message
+        return message, frame
+
+
+def test_calls_repeating_the_last_one_are_read_by_their_layout(tmp_path: Path) -> None:
+    """A worker learns the layout of a call repeated with the same inputs in the
+    controller's arena, and reads the next ones by it (calls.py), wherever in the arena their
+    inputs lie: each result is computed from its call's own inputs. A call of another shape
+    is decoded as before."""
+    n = 16 * 1024  # 64 KiB per input: above the inline limit, so each goes through the arena
+    manifest = make_bundle(tmp_path, kind="add", name="big", n=n)
+    prefix = f"oe-test-{os.getpid()}-{secrets.token_hex(4)}-"
+    to_worker, to_controller = os.pipe(), os.pipe()
+    both = {"shm_prefix": prefix, "same_domain": True}
+    controller = FramedChannel(
+        os.fdopen(to_controller[0], "rb"), os.fdopen(to_worker[1], "wb"), name="c", **both
+    )
+    channel = FramedChannel(
+        os.fdopen(to_worker[0], "rb"), os.fdopen(to_controller[1], "wb"), name="w", **both
+    )
+    controller.binary_headers = channel.binary_headers = True
+    arena = controller.open_arena("stage-0", 1 << 20)
+    assert arena is not None
+    worker = GraphWorker(channel, generation=1)
+    serving: threading.Thread | None = None
+    try:
+        load = LoadMessage(
+            str(manifest), identity_of(manifest), (CPU,), (CPU,), CPU, 1 << 22, 1.0, prefix
+        )
+        worker.load(load)
+        worker_arena = channel.arena("ort-1")
+        assert worker_arena is not None
+        serving = threading.Thread(target=worker.serve, daemon=True)
+        serving.start()
+        rng = np.random.default_rng(4)
+        held = None
+        for step in range(8):
+            if step == 4:
+                # The next inputs land after this slot, at other offsets.
+                held = arena.allocate(n * 4)
+            a = rng.standard_normal(n).astype(np.float32)
+            b = rng.standard_normal(n).astype(np.float32)
+            controller.send_message(
+                CallMessage(step + 1, "req-1", 0, ("a", "b")), {"a": a, "b": b}, owner="stage-0"
+            )
+            result, frame = _answer(controller)
+            assert result.call_id == step + 1
+            outputs, acks = controller.arrays_from_frame(frame, result.output_names)
+            controller.send_acks(acks)
+            np.testing.assert_allclose(outputs["c"], a + b, rtol=1e-6)
+            # The next call comes once the worker took the acknowledgement (written apart:
+            # a read of both frames at once is decoded the usual way).
+            deadline = time.monotonic() + 30
+            while worker_arena.retained_count and time.monotonic() < deadline:
+                time.sleep(0.001)
+        # The second call repeated the first and taught the layout.
+        assert worker.calls_by_layout == 6
+        small = np.ones(n // 2, np.float32)
+        controller.send_message(
+            CallMessage(9, "req-1", 0, ("a", "b")), {"a": small, "b": small}, owner="stage-0"
+        )
+        refused, _ = controller.read_message(WORKER_TO_CONTROLLER, timeout_s=30)
+        while isinstance(refused, AckMessage):
+            assert controller.acknowledge(refused.owner, refused.generation)
+            refused, _ = controller.read_message(WORKER_TO_CONTROLLER, timeout_s=30)
+        assert isinstance(refused, ErrorMessage)
+        assert worker.calls_by_layout == 6
+        if held is not None:
+            assert arena.acknowledge(held[0].generation)
+        assert arena.retained_count == 0
+        controller.send_message(ShutdownMessage())
+        bye, _ = controller.read_message(WORKER_TO_CONTROLLER, timeout_s=30)
+        assert isinstance(bye, ByeMessage)
+    finally:
+        # The worker's loop ends at the end of its stream.
+        controller.close()
+        if serving is not None:
+            serving.join(30)
+        worker.close()
+        channel.close()
 
 
 def test_worker_without_a_generation_exits_with_a_usage_error() -> None:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from runtime.contracts.buffers import BufferDescriptor, DType
-from runtime.contracts.codec import encode_frame, encode_frame_parts
-from runtime.contracts.messages import CONTROLLER_TO_WORKER, CallMessage
+from runtime.contracts.codec import FrameDecoder, encode_frame, encode_frame_parts
+from runtime.contracts.messages import CONTROLLER_TO_WORKER, CallMessage, decode_message
 from runtime.transport.calls import CallLayout, CallPacker, send_call
 from runtime.transport.channel import ChannelClosed
 
@@ -108,6 +108,58 @@ def test_values_a_call_of_the_layout_cannot_carry_are_refused(
 ) -> None:
     with pytest.raises(ValueError, match=r"layout|63"):
         _layout().pack(*values)
+
+
+def test_a_call_of_a_learned_layout_reads_as_the_decoder_reads_it() -> None:
+    data = call_frame(
+        9, epoch=4, request_id="req-00000009", generations=(41, 42), offsets=(8192, 12288)
+    )
+    call = _layout().match(data)
+    assert call is not None
+    (frame,) = FrameDecoder().feed(data)
+    message = decode_message(frame, CONTROLLER_TO_WORKER)
+    assert isinstance(message, CallMessage)
+    assert (call.call_id, call.epoch, call.request_id) == (9, 4, "req-00000009")
+    assert call.buffers == frame.buffers
+    assert call.acks == [("stage-0", 41), ("stage-0", 42)]
+    assert call.layout.input_names == message.input_names
+
+
+def _with_request_id(data: bytes, old: bytes, new: bytes) -> bytes:
+    assert len(old) == len(new)
+    assert data.count(old) == 1
+    return data.replace(old, new)
+
+
+@pytest.mark.parametrize(
+    ("name", "other"),
+    [
+        ("another shape", lambda: call_frame(2, shape=(2, 512))),
+        ("another owner", lambda: call_frame(2, owner="stage-1")),
+        ("other names", lambda: call_frame(2, names=("x", "v"))),
+        ("a longer request id", lambda: call_frame(2, request_id="req-000000002")),
+        ("a call id past 63 bits", lambda: _past_63()),
+        (
+            "a request id that is not UTF-8",
+            lambda: _with_request_id(call_frame(2), b"req-00000001", b"req-0000000\xff"),
+        ),
+        ("a truncated frame", lambda: call_frame(2)[:-1]),
+        ("two calls in one read", lambda: call_frame(2) + call_frame(3)),
+    ],
+)
+def test_anything_but_a_call_of_the_layout_is_left_to_the_decoder(
+    name: str, other: Callable[[], bytes]
+) -> None:
+    assert _layout().match(other()) is None, name
+
+
+def _past_63() -> bytes:
+    """A call frame with 2**63 as its call id (a value no encoder writes)."""
+    raw = bytearray(call_frame(2))
+    at = 16 + 4  # the frame's prefix, then kind, flags and count
+    assert raw[at : at + 8] == (2).to_bytes(8, "little")
+    raw[at : at + 8] = (2**63).to_bytes(8, "little")
+    return bytes(raw)
 
 
 def test_inputs_fit_a_layout_only_as_the_encoder_would_send_them_unchanged() -> None:
