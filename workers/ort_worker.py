@@ -107,6 +107,8 @@ CALL_TRIES: Final = 3
 CALL_RELEARN_EVERY: Final = 64
 #: The most sets of input slots whose arrays a call layout keeps (a caller uses one or two).
 CALL_VIEWS: Final = 8
+#: The most arrays over output slots a worker keeps (one or two per output, in practice).
+OUTPUT_VIEWS: Final = 32
 
 
 def _generation() -> int:
@@ -162,12 +164,18 @@ class GraphWorker:
         #: per set of input offsets the arrays over them and where they lie.
         self._calls: CallLayout | None = None
         self._call_layout_signature: tuple[object, ...] | None = None
+        self._call_bucket: Bucket | None = None
         self._call_failures = 0
         self._call_count = 0
         self._call_signature: tuple[object, ...] | None = None
         self._call_views: dict[
             tuple[int, ...], tuple[dict[str, np.ndarray], tuple[object, ...] | None]
         ] = {}
+        #: How the last bucket's outputs are placed (name, bytes, dtype, shape), and the
+        #: array over each output slot used (by offset, dtype and shape).
+        self._plan_bucket: Bucket | None = None
+        self._output_plan: tuple[tuple[str, int, np.dtype, tuple[int, ...]], ...] = ()
+        self._output_views: dict[tuple[int, np.dtype, tuple[int, ...]], np.ndarray] = {}
         #: Calls read by their layout, not decoded.
         self.calls_by_layout = 0
         #: Run options of the last run, reused while no run was cancelled.
@@ -410,6 +418,7 @@ class GraphWorker:
             return
         self._calls, self._call_layout_signature, self._call_failures = layout, signature, 0
         self._call_views.clear()
+        self._call_bucket = None
 
     def _call_packed(self, call: Call) -> None:
         """A call read by its layout: its inputs read in place (the arrays over each set of
@@ -431,7 +440,16 @@ class GraphWorker:
             found = self._call_views[call.offsets] = (arrays, _arena_places(message, frame))
         arrays, places = found
         self.calls_by_layout += 1
-        self._run_call(message, dict(arrays), acks, 0, places)
+        # Every call of the layout has the same inputs' dtypes and shapes: one bucket.
+        bucket = self._call_bucket
+        if bucket is None:
+            try:
+                bucket = check_call_inputs(arrays, self._buckets, self._max_io_bytes)
+            except WorkerError as refused:
+                self._send_error(message.call_id, refused.code, refused.message, acks=acks)
+                return
+            self._call_bucket = bucket
+        self._run_call(message, dict(arrays), acks, 0, places, bucket)
 
     def _run_call(
         self,
@@ -440,13 +458,17 @@ class GraphWorker:
         acks: list[tuple[str, int]],
         copied: int,
         places: tuple[object, ...] | None,
+        bucket: Bucket | None = None,
     ) -> None:
+        """Run a call whose inputs are read (``bucket``: the one they were already checked
+        against) and answer it."""
         assert self._session is not None
-        try:
-            bucket = check_call_inputs(arrays, self._buckets, self._max_io_bytes)
-        except WorkerError as refused:
-            self._send_error(message.call_id, refused.code, refused.message, acks=acks)
-            return
+        if bucket is None:
+            try:
+                bucket = check_call_inputs(arrays, self._buckets, self._max_io_bytes)
+            except WorkerError as refused:
+                self._send_error(message.call_id, refused.code, refused.message, acks=acks)
+                return
         placed = self._place_outputs(bucket)
         options, self._spare_options = self._spare_options, None
         if options is None:
@@ -627,22 +649,44 @@ class GraphWorker:
 
     def _place_outputs(self, bucket: Bucket) -> dict[str, tuple[ArenaSlot, np.ndarray]] | None:
         """Arena slots for every output of ``bucket``, or None: no arena, no room now, or
-        output shapes that depend on the inputs' values (known only after the run)."""
+        output shapes that depend on the inputs' values (known only after the run). The
+        array over a slot is made once per offset, dtype and shape."""
         arena = self._arena
         if arena is None or not self._outputs_follow_inputs:
             return None
-        if all(spec_nbytes(spec) <= ARENA_THRESHOLD for spec in bucket.outputs):
-            # Every output travels inline in the result frame: nothing to place.
+        if bucket is self._plan_bucket:
+            plan = self._output_plan
+        else:
+            plan = tuple(
+                (
+                    spec.name,
+                    spec_nbytes(spec),
+                    np.dtype(spec.dtype.value),
+                    tuple(int(dim) for dim in spec.shape if isinstance(dim, int)),
+                )
+                for spec in bucket.outputs
+            )
+            if all(nbytes <= ARENA_THRESHOLD for _, nbytes, _, _ in plan):
+                # Every output travels inline in the result frame: nothing to place.
+                plan = ()
+            self._plan_bucket, self._output_plan = bucket, plan
+        if not plan:
             return None
+        views = self._output_views
         placed: dict[str, tuple[ArenaSlot, np.ndarray]] = {}
-        for spec in bucket.outputs:
-            found = arena.allocate(spec_nbytes(spec))
+        for name, nbytes, dtype, shape in plan:
+            found = arena.allocate(nbytes)
             if found is None:
                 self._release_placed(placed)
                 return None
             slot, raw = found
-            shape = tuple(int(dim) for dim in spec.shape if isinstance(dim, int))
-            placed[spec.name] = (slot, raw.view(np.dtype(spec.dtype.value)).reshape(shape))
+            key = (slot.offset, dtype, shape)
+            view = views.get(key)
+            if view is None:
+                if len(views) >= OUTPUT_VIEWS:
+                    views.clear()
+                view = views[key] = raw.view(dtype).reshape(shape)
+            placed[name] = (slot, view)
         return placed
 
     def _release_placed(self, placed: dict[str, tuple[ArenaSlot, np.ndarray]] | None) -> None:
@@ -715,7 +759,8 @@ class GraphWorker:
             watcher.join(1.0)
         # The arrays over the controller's arena let its mapping go.
         self._call_views.clear()
-        self._calls = None
+        self._calls = self._call_bucket = None
+        self._output_views.clear()
 
 
 def _arena_places(message: CallMessage, frame: Frame) -> tuple[object, ...] | None:

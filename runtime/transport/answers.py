@@ -86,19 +86,22 @@ class AnswerLayout:
 
     __slots__ = (
         "_ack_owners",
+        "_ack_slots",
         "_call_id_at",
         "_copied_at",
         "_descriptors",
         "_epoch_at",
+        "_generation_slots",
         "_literal_bits",
         "_literal_mask",
+        "_offset_slots",
+        "_pack_slots",
         "_pick_acks",
         "_pick_counters",
         "_pick_generations",
         "_pick_offsets",
         "_request_id_at",
         "_run_s_at",
-        "_slots",
         "_struct",
         "_template",
         "_values",
@@ -169,7 +172,15 @@ class AnswerLayout:
         for index, literal in zip(literal_index, literals, strict=True):
             template[index] = literal
         self._template = template
-        self._slots = {field: value_index[index] for index, field in enumerate(fields)}
+        slots = {field: value_index[index] for index, field in enumerate(fields)}
+        self._pack_slots = tuple(
+            slots[(name, 0)] for name in ("call_id", "epoch", "run_s", "copied_bytes", "request_id")
+        )
+        self._ack_slots = tuple(slots[("ack", index)] for index in range(len(ack_owners)))
+        self._generation_slots = tuple(
+            slots[("generation", index)] for index in range(len(descriptors))
+        )
+        self._offset_slots = tuple(slots[("offset", index)] for index in range(len(descriptors)))
         #: What a call must have for its answer to take this layout (:meth:`pack`).
         self.ack_owners = ack_owners
         self.request_id_size = int(formats[value_index[self._request_id_at]][:-1])
@@ -324,17 +335,15 @@ class AnswerLayout:
         if min(counters) < 0 or max(counters) > _MAX_U63:
             raise ValueError("a counter of this answer is outside 0 to 2**63 - 1")
         args = list(self._template)
-        slots = self._slots
-        for index, generation in enumerate(acks):
-            args[slots[("ack", index)]] = generation
-        args[slots[("call_id", 0)]] = call_id
-        args[slots[("epoch", 0)]] = epoch
-        args[slots[("run_s", 0)]] = run_s
-        args[slots[("copied_bytes", 0)]] = copied_bytes
-        args[slots[("request_id", 0)]] = request_id
-        for index, (generation, offset) in enumerate(zip(generations, offsets, strict=True)):
-            args[slots[("generation", index)]] = generation
-            args[slots[("offset", index)]] = offset
+        values = (call_id, epoch, run_s, copied_bytes, request_id)
+        for slot, value in zip(self._pack_slots, values, strict=True):
+            args[slot] = value
+        for slot, generation in zip(self._ack_slots, acks, strict=True):
+            args[slot] = generation
+        for slot, generation in zip(self._generation_slots, generations, strict=True):
+            args[slot] = generation
+        for slot, offset in zip(self._offset_slots, offsets, strict=True):
+            args[slot] = offset
         return self._struct.pack(*args)
 
 

@@ -402,6 +402,38 @@ def test_calls_repeating_the_last_one_are_read_by_their_layout(tmp_path: Path) -
         channel.close()
 
 
+def test_a_result_held_by_the_controller_keeps_its_slot_while_the_next_call_runs(
+    spawn_worker: Callable[..., WorkerProcess], tmp_path: Path
+) -> None:
+    """Outputs go to a free slot of the worker's arena: while the controller holds one
+    result, the next call's outputs are written to the other slot, each result intact."""
+    n = 16 * 1024  # 64 KiB per output: above the inline limit, placed in the worker's arena
+    manifest = make_bundle(tmp_path, kind="add", name="big", n=n)
+    worker = spawn_worker(shm=True)
+    worker.channel.send_message(worker.load_message(manifest, binary_headers=True))
+    ready, _ = worker.read()
+    assert isinstance(ready, ReadyMessage)
+    rng = np.random.default_rng(8)
+    held: list[tuple[np.ndarray, dict[str, np.ndarray], list[tuple[str, int]]]] = []
+    for call_id in range(1, 7):
+        a = rng.standard_normal(n).astype(np.float32)
+        b = rng.standard_normal(n).astype(np.float32)
+        worker.channel.send_message(CallMessage(call_id, "req-1", 0, ("a", "b")), {"a": a, "b": b})
+        result, frame = worker.read()
+        assert isinstance(result, ResultMessage)
+        outputs, acks = worker.channel.arrays_from_frame(frame, result.output_names, copy=False)
+        held.append((a + b, outputs, acks))
+        if len(held) == 2:
+            # Both results, read in place, are still each call's own.
+            for expected, kept, _ in held:
+                np.testing.assert_allclose(kept["c"], expected, rtol=1e-6)
+            for _, _, acks_held in held:
+                worker.channel.send_acks(acks_held)
+            held.clear()
+    assert worker.channel.retained_count == 0
+    _shutdown(worker)
+
+
 def test_worker_without_a_generation_exits_with_a_usage_error() -> None:
     env = {key: value for key, value in os.environ.items() if key != GENERATION_VARIABLE}
     env["PYTHONPATH"] = str(REPO_ROOT)
