@@ -62,7 +62,7 @@ from runtime.contracts.process import (
     PRIVATE_TMPDIR_VARIABLE,
 )
 from runtime.transport import numpy_dtype
-from runtime.transport.answers import AnswerLayout, prepare_answer, send_answer
+from runtime.transport.answers import AnswerLayout, pack_run_s, prepare_answer, send_answer
 from runtime.transport.arena import arena_size_for
 from runtime.transport.awake import AwakeWait
 from runtime.transport.calls import Call, CallLayout
@@ -482,8 +482,12 @@ class GraphWorker:
         # Outputs placed in the arena are known before the run: their answer is packed by the
         # layout of an earlier one once the run ends, or else encoded now, so that once the
         # run ends the worker only fills in its time and writes it.
-        packing = self._answer_fits(message, placed, acks)
-        prepared = None if packing else self._prepare_result(message, placed, copied, acks)
+        # The answer is known but for the run's time: packed by its layout now (the time
+        # written in after the run), or else encoded now.
+        packed = self._pack_answer(message, placed, copied, acks)
+        prepared = (
+            None if packed is not None else self._prepare_result(message, placed, copied, acks)
+        )
         with self._lock:
             self._running = message
             self._options = options
@@ -522,19 +526,10 @@ class GraphWorker:
                 code, text = "model_error", failure or "the call produced no outputs"
             self._send_error(message.call_id, code, text, acks=acks)
             return
-        if packing and placed is not None and self._answers is not None:
-            slots = [slot for slot, _ in placed.values()]
+        if packed is not None:
+            data, run_s_at = packed
             try:
-                data = self._answers.pack(
-                    [generation for _, generation in acks],
-                    message.call_id,
-                    message.epoch,
-                    elapsed,
-                    copied,
-                    message.request_id.encode("utf-8"),
-                    [slot.generation for slot in slots],
-                    [slot.offset for slot in slots],
-                )
+                pack_run_s(data, run_s_at, elapsed)
             except ValueError as exc:
                 self._release_placed(placed)
                 self._send_error(
@@ -605,6 +600,35 @@ class GraphWorker:
             view.shape == shape and view.dtype == numpy_dtype(dtype)
             for (_, view), (dtype, shape) in zip(placed.values(), layout.buffer_specs, strict=True)
         )
+
+    def _pack_answer(
+        self,
+        message: CallMessage,
+        placed: dict[str, tuple[ArenaSlot, np.ndarray]] | None,
+        copied: int,
+        acks: list[tuple[str, int]],
+    ) -> tuple[bytearray, int] | None:
+        """This call's answer packed by the learned layout before the run (its run time
+        zero, to be written at the offset returned), or None: no layout, or one this call's
+        answer does not take."""
+        layout = self._answers
+        if layout is None or placed is None or not self._answer_fits(message, placed, acks):
+            return None
+        slots = [slot for slot, _ in placed.values()]
+        try:
+            data = layout.pack(
+                [generation for _, generation in acks],
+                message.call_id,
+                message.epoch,
+                0.0,
+                copied,
+                message.request_id.encode("utf-8"),
+                [slot.generation for slot in slots],
+                [slot.offset for slot in slots],
+            )
+        except ValueError:
+            return None
+        return bytearray(data), layout.run_s_at
 
     def _learn_answers(self, prepared: PreparedFrame) -> None:
         """Learn the layout of the answer just sent (a few tries: a stage whose answers have

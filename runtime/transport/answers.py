@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from .channel import FramedChannel
     from .frame_io import PreparedFrame
 
-__all__ = ["Answer", "AnswerLayout", "prepare_answer", "send_answer"]
+__all__ = ["Answer", "AnswerLayout", "pack_run_s", "prepare_answer", "send_answer"]
 
 #: The largest value a u64 field may carry (the contracts' 63-bit counters and offsets).
 _MAX_U63: Final = 2**63 - 1
@@ -109,6 +109,7 @@ class AnswerLayout:
         "buffer_specs",
         "output_names",
         "request_id_size",
+        "run_s_at",
         "size",
         "views",
     )
@@ -185,6 +186,8 @@ class AnswerLayout:
         self.ack_owners = ack_owners
         self.request_id_size = int(formats[value_index[self._request_id_at]][:-1])
         self.buffer_specs = tuple((d.dtype, d.shape) for d in descriptors)
+        #: Where the run time lies in the write (:func:`pack_run_s`).
+        self.run_s_at = struct.calcsize("<" + "".join(formats[: value_index[self._run_s_at]]))
         #: For the reader of these answers: the arrays over the outputs at each tuple of
         #: offsets seen (the same slots, call after call), made and checked once
         #: (:meth:`outputs`).
@@ -345,6 +348,18 @@ class AnswerLayout:
         for slot, offset in zip(self._offset_slots, offsets, strict=True):
             args[slot] = offset
         return self._struct.pack(*args)
+
+
+_RUN_S: Final = struct.Struct("<d")
+
+
+def pack_run_s(data: bytearray, at: int, run_s: float) -> None:
+    """Write ``run_s`` into an answer packed with a zero run time, at its layout's
+    :attr:`AnswerLayout.run_s_at`. Raises ``ValueError`` for a time that is not a finite
+    number of seconds >= 0 (the frames cannot carry it)."""
+    if not math.isfinite(run_s) or run_s < 0:
+        raise ValueError(f"run time {run_s!r}; accepted: a finite number of seconds >= 0")
+    _RUN_S.pack_into(data, at, run_s)
 
 
 def prepare_answer(

@@ -380,10 +380,10 @@ class FramedChannel:
             prepared.withdraw()
             raise
 
-    def write_frames(self, data: bytes) -> None:
+    def write_frames(self, data: bytes | bytearray) -> None:
         """Write bytes that are whole frames as this channel encodes them, made another way
         (a worker's answer packed by its layout, :mod:`runtime.transport.answers`)."""
-        self._write([data])
+        self._write([memoryview(data)])
 
     def unpin(self, owner: str, generation: int) -> bool:
         """Stop keeping ``owner``'s pinned arena slot ``generation`` (see :meth:`send`)."""

@@ -26,7 +26,7 @@ from runtime.contracts.messages import (
     ResultMessage,
     decode_message,
 )
-from runtime.transport.answers import AnswerLayout, prepare_answer, send_answer
+from runtime.transport.answers import AnswerLayout, pack_run_s, prepare_answer, send_answer
 from tests.helpers.answers import answer_write, learned
 
 if TYPE_CHECKING:
@@ -303,6 +303,20 @@ def test_an_answer_packed_by_its_layout_is_the_bytes_its_frames_encode_to() -> N
             generations=(31, 32),
             offsets=(8192, 12288),
         )
+
+
+def test_an_answer_packed_before_its_run_takes_the_run_time_where_it_lies() -> None:
+    layout = learned(answer_write([11, 12], 1))
+    assert layout is not None
+    data = bytearray(layout.pack([21, 22], 2, 3, 0.0, 0, b"req-00000002", [31, 32], [0, 4096]))
+    pack_run_s(data, layout.run_s_at, 0.375)
+    assert bytes(data) == answer_write(
+        [21, 22], 2, run_s=0.375, request_id="req-00000002", generations=(31, 32)
+    )
+    for bad in (math.nan, math.inf, -1.0):
+        with pytest.raises(ValueError, match="run time"):
+            pack_run_s(data, layout.run_s_at, bad)
+    assert layout.match(bytes(data)) is not None
 
 
 @pytest.mark.parametrize(
