@@ -479,11 +479,9 @@ class GraphWorker:
             # a missing entry costs it a raised and caught exception (about 40 us here); "0"
             # is the value it assumes when the entry is missing.
             options.add_run_config_entry(GRAPH_ID_ENTRY, "0")
-        # Outputs placed in the arena are known before the run: their answer is packed by the
-        # layout of an earlier one once the run ends, or else encoded now, so that once the
-        # run ends the worker only fills in its time and writes it.
-        # The answer is known but for the run's time: packed by its layout now (the time
-        # written in after the run), or else encoded now.
+        # Outputs placed in the arena are known before the run, and so is their answer but
+        # for the run's time: packed by the layout of an earlier one now, or else encoded now;
+        # once the run ends the worker only writes the time into it and sends it.
         packed = self._pack_answer(message, placed, copied, acks)
         prepared = (
             None if packed is not None else self._prepare_result(message, placed, copied, acks)
