@@ -341,6 +341,43 @@ class _Template:
         return self._kind, body, descriptors, self._required
 
 
+class LiteralMatch:
+    """Bytes known but for some values, matched at once: ``formats`` are the ``struct`` codes
+    of the pieces in order (little-endian, no padding), ``template`` each piece's literal bytes,
+    or None where a value lies. :meth:`values` compares every literal byte as one masked integer
+    and unpacks the values with a struct that skips the literals."""
+
+    __slots__ = ("_bits", "_mask", "_values", "size")
+
+    def __init__(self, formats: Sequence[str], template: Sequence[object]) -> None:
+        masked = bytearray()
+        mask = bytearray()
+        skipping: list[str] = []
+        for form, literal in zip(formats, template, strict=True):
+            size = struct.calcsize("<" + form)
+            if isinstance(literal, bytes):
+                masked += literal
+                mask += b"\xff" * size
+                skipping.append(f"{size}x")
+            else:
+                masked += bytes(size)
+                mask += bytes(size)
+                skipping.append(form)
+        self._bits = int.from_bytes(masked, "little")
+        self._mask = int.from_bytes(mask, "little")
+        self._values = struct.Struct("<" + "".join(skipping))
+        self.size = len(masked)
+
+    def values(self, data: bytes | bytearray | memoryview) -> tuple[Any, ...] | None:
+        """The values of ``data`` in order, when it is exactly as long and holds every literal;
+        None otherwise."""
+        if len(data) != self.size:
+            return None
+        if (int.from_bytes(data, "little") & self._mask) != self._bits:
+            return None
+        return self._values.unpack_from(data)
+
+
 def picker(indexes: list[int]) -> Any:
     """A function taking ``indexes`` of a tuple, always as a tuple."""
     if not indexes:

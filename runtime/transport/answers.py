@@ -92,8 +92,7 @@ class AnswerLayout:
         "_descriptors",
         "_epoch_at",
         "_generation_slots",
-        "_literal_bits",
-        "_literal_mask",
+        "_match",
         "_offset_slots",
         "_pack_slots",
         "_pick_acks",
@@ -104,7 +103,6 @@ class AnswerLayout:
         "_run_s_at",
         "_struct",
         "_template",
-        "_values",
         "ack_owners",
         "buffer_specs",
         "output_names",
@@ -127,27 +125,6 @@ class AnswerLayout:
     ) -> None:
         self._struct = struct.Struct("<" + "".join(formats))
         self.size = self._struct.size
-        # Matching: every literal byte compared at once, as one integer (the write's bytes
-        # masked to the literals' against the learned ones), and the values unpacked by a
-        # struct that skips the literals.
-        literal_at = set(literal_index)
-        masked = bytearray()
-        mask = bytearray()
-        skipping: list[str] = []
-        for index, form in enumerate(formats):
-            size = struct.calcsize("<" + form)
-            if index in literal_at:
-                literal = literals[literal_index.index(index)]
-                masked += literal
-                mask += b"\xff" * size
-                skipping.append(f"{size}x")
-            else:
-                masked += bytes(size)
-                mask += bytes(size)
-                skipping.append(form)
-        self._literal_bits = int.from_bytes(masked, "little")
-        self._literal_mask = int.from_bytes(mask, "little")
-        self._values = struct.Struct("<" + "".join(skipping))
         self._ack_owners = ack_owners
         self._descriptors = descriptors
         self.output_names = output_names
@@ -173,6 +150,8 @@ class AnswerLayout:
         for index, literal in zip(literal_index, literals, strict=True):
             template[index] = literal
         self._template = template
+        #: Matching a write: its literal bytes at once, then its values.
+        self._match = binary.LiteralMatch(formats, template)
         slots = {field: value_index[index] for index, field in enumerate(fields)}
         self._pack_slots = tuple(
             slots[(name, 0)] for name in ("call_id", "epoch", "run_s", "copied_bytes", "request_id")
@@ -274,11 +253,9 @@ class AnswerLayout:
     def match(self, data: bytes | memoryview) -> Answer | None:
         """The values of ``data`` when it is a whole write of this layout with valid values;
         None otherwise (the caller then reads it the usual way)."""
-        if len(data) != self.size:
+        values = self._match.values(data)
+        if values is None:
             return None
-        if (int.from_bytes(data, "little") & self._literal_mask) != self._literal_bits:
-            return None
-        values = self._values.unpack_from(data)
         counters = self._pick_counters(values)
         run_s = values[self._run_s_at]
         if (counters and max(counters) > _MAX_U63) or not math.isfinite(run_s):

@@ -80,8 +80,7 @@ class CallLayout:
 
     __slots__ = (
         "_generation_slots",
-        "_literal_bits",
-        "_literal_mask",
+        "_match",
         "_offset_slots",
         "_pick_generations",
         "_pick_offsets",
@@ -93,7 +92,6 @@ class CallLayout:
         "_value_call_id",
         "_value_epoch",
         "_value_request_id",
-        "_values",
         "descriptors",
         "input_names",
         "input_specs",
@@ -113,24 +111,8 @@ class CallLayout:
         self._struct = struct.Struct("<" + "".join(formats))
         self.size = self._struct.size
         self._template = template
-        # Matching (the worker's side): the literal bytes compared at once as one masked
-        # integer, the values unpacked by a struct that skips the literals.
-        masked = bytearray()
-        mask = bytearray()
-        skipping: list[str] = []
-        for form, literal in zip(formats, template, strict=True):
-            size = struct.calcsize("<" + form)
-            if isinstance(literal, bytes):
-                masked += literal
-                mask += b"\xff" * size
-                skipping.append(f"{size}x")
-            else:
-                masked += bytes(size)
-                mask += bytes(size)
-                skipping.append(form)
-        self._literal_bits = int.from_bytes(masked, "little")
-        self._literal_mask = int.from_bytes(mask, "little")
-        self._values = struct.Struct("<" + "".join(skipping))
+        #: Matching a frame (the worker's side): its literal bytes at once, then its values.
+        self._match = binary.LiteralMatch(formats, template)
         # Where each value lies among the unpacked values (in the frame's order).
         order = sorted(fields, key=fields.__getitem__)
         at = {field: index for index, field in enumerate(order)}
@@ -205,11 +187,9 @@ class CallLayout:
         """The values of ``data`` when it is one whole call frame of this layout with values
         the decoder accepts (63-bit counters, a UTF-8 request id); None otherwise (the reader
         then decodes it the usual way)."""
-        if len(data) != self.size:
+        values = self._match.values(data)
+        if values is None:
             return None
-        if (int.from_bytes(data, "little") & self._literal_mask) != self._literal_bits:
-            return None
-        values = self._values.unpack_from(data)
         request_id = values[self._value_request_id]
         try:
             text = request_id.decode("utf-8")
