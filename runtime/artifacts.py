@@ -18,6 +18,7 @@ import posixpath
 import re
 import shutil
 import stat
+import threading
 import time
 import zipfile
 import zlib
@@ -39,6 +40,7 @@ from runtime.contracts.manifest import (
 )
 from runtime.errors import UsageError, VerificationError
 from runtime.graph_inputs import infer_precision, input_mismatches, required_inputs
+from runtime.onnx_graph import external_locations, load_graph, model_tensors
 from runtime.onnx_wire import WireError, external_data_locations
 
 if TYPE_CHECKING:
@@ -53,6 +55,7 @@ __all__ = [
     "VerifiedBundle",
     "create_bundle",
     "external_data_references",
+    "forget_bundle_reports",
     "inspect_bundle",
     "load_example_inputs",
     "load_graph",
@@ -269,9 +272,43 @@ class BundleReport:
         }
 
 
+#: The last sound report of each bundle checked in this process, by manifest path. A bundle
+#: whose files all keep their stats (:meth:`BundleReport.unchanged`) is not hashed again: a
+#: pipeline's voice is verified when its program loads and again when admission resolves it.
+_SOUND: dict[Path, BundleReport] = {}
+_SOUND_LOCK = threading.Lock()
+
+
+def _remembered(path: Path) -> BundleReport | None:
+    with _SOUND_LOCK:
+        report = _SOUND.get(path)
+    return report if report is not None and report.unchanged() else None
+
+
+def _remember(report: BundleReport) -> BundleReport:
+    with _SOUND_LOCK:
+        if report.ok:
+            _SOUND[report.manifest_path] = report
+        else:
+            _SOUND.pop(report.manifest_path, None)
+    return report
+
+
+def forget_bundle_reports() -> None:
+    """Drop the sound reports this process keeps: each bundle is hashed again when next
+    checked."""
+    with _SOUND_LOCK:
+        _SOUND.clear()
+
+
 def inspect_bundle(manifest_path: str | Path) -> BundleReport:
-    """Check a bundle completely and report every problem; never raises for bundle problems."""
+    """Check a bundle completely and report every problem; never raises for bundle problems.
+
+    A sound report made earlier in this process stands while every file keeps its stat."""
     path = _manifest_file(manifest_path)
+    remembered = _remembered(path)
+    if remembered is not None:
+        return remembered
     checked_ns = time.time_ns()
     stamp = _stamp(path)  # before reading: a later change makes the report stale, never wrong
     manifest: ArtifactManifest | None = None
@@ -284,36 +321,24 @@ def inspect_bundle(manifest_path: str | Path) -> BundleReport:
             files.append(item)
         else:
             errors.append(item)
-    return BundleReport(
-        manifest_path=path,
-        manifest=manifest,
-        files=tuple(files),
-        errors=tuple(errors),
-        manifest_stamp=stamp,
-        checked_ns=checked_ns,
+    return _remember(
+        BundleReport(
+            manifest_path=path,
+            manifest=manifest,
+            files=tuple(files),
+            errors=tuple(errors),
+            manifest_stamp=stamp,
+            checked_ns=checked_ns,
+        )
     )
 
 
 def verify_bundle(manifest_path: str | Path) -> VerifiedBundle:
-    """Verify a bundle (its manifest file or its directory); raise the first problem found."""
-    path = _manifest_file(manifest_path)
-    manifest: ArtifactManifest | None = None
-    sizes: dict[str, int] = {}
-    for item in _check_bundle(path):
-        if isinstance(item, VerificationError):
-            raise item
-        if isinstance(item, ArtifactManifest):
-            manifest = item
-        elif item.size is not None:
-            sizes[item.name] = item.size
-    assert manifest is not None, "a bundle without errors always yields its manifest"
-    return VerifiedBundle(
-        root=path.parent.resolve(),
-        manifest_path=path,
-        manifest=manifest,
-        identity=manifest.identity,
-        file_sizes=MappingProxyType(sizes),
-    )
+    """Verify a bundle (its manifest file or its directory); raise the first problem found.
+
+    The same checks as :func:`inspect_bundle`, whose sound report made earlier in this
+    process stands for hashing the files again while every file keeps its stat."""
+    return inspect_bundle(manifest_path).verified()
 
 
 def _manifest_file(manifest_path: str | Path) -> Path:
@@ -519,85 +544,6 @@ def _check_external_data(
             )
 
 
-def load_graph(graph_path: Path) -> onnx.ModelProto:
-    """An ONNX file's graph (without its external data); VerificationError when it is none."""
-    return _load_graph(graph_path)
-
-
-def _load_graph(graph_path: Path) -> onnx.ModelProto:
-    # onnx takes seconds to import, so only bundle creation pays for it.
-    import onnx
-    from google.protobuf.message import DecodeError
-
-    try:
-        model = onnx.load(str(graph_path), format="protobuf", load_external_data=False)
-    except (OSError, DecodeError) as exc:
-        raise VerificationError(
-            f"{graph_path} cannot be read as an ONNX model ({exc}); accepted: an ONNX model file",
-            code="bad_graph",
-            subject=str(graph_path),
-        ) from None
-    if not isinstance(model, onnx.ModelProto) or not model.HasField("graph"):
-        raise VerificationError(
-            f"{graph_path} holds no ONNX graph; accepted: an ONNX model file",
-            code="bad_graph",
-            subject=str(graph_path),
-        )
-    return model
-
-
-def _graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    yield from graph.initializer
-    for sparse in graph.sparse_initializer:
-        yield sparse.values
-        yield sparse.indices
-    yield from _node_tensors(graph.node)
-
-
-def _node_tensors(nodes: Sequence[onnx.NodeProto]) -> Iterator[onnx.TensorProto]:
-    for node in nodes:
-        for attribute in node.attribute:
-            if attribute.HasField("t"):
-                yield attribute.t
-            yield from attribute.tensors
-            for sparse in (
-                *((attribute.sparse_tensor,) if attribute.HasField("sparse_tensor") else ()),
-                *attribute.sparse_tensors,
-            ):
-                yield sparse.values
-                yield sparse.indices
-            if attribute.HasField("g"):
-                yield from _graph_tensors(attribute.g)
-            for subgraph in attribute.graphs:
-                yield from _graph_tensors(subgraph)
-
-
-def _model_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
-    yield from _graph_tensors(model.graph)
-    for function in model.functions:
-        yield from _node_tensors(function.node)
-
-
-def _external_locations(model: onnx.ModelProto, graph_path: Path) -> tuple[str, ...]:
-    from onnx import external_data_helper
-
-    seen: dict[str, None] = {}
-    for tensor in _model_tensors(model):
-        if not external_data_helper.uses_external_data(tensor):
-            continue
-        try:
-            location = str(external_data_helper.ExternalDataInfo(tensor).location)
-        except ValueError as exc:
-            raise VerificationError(
-                f"{graph_path}: tensor {tensor.name!r} has malformed external data ({exc}); "
-                "accepted: a location with non-negative offset and length",
-                code="bad_graph",
-                subject=tensor.name,
-            ) from None
-        seen.setdefault(location, None)
-    return tuple(seen)
-
-
 def external_data_references(graph_path: Path) -> tuple[str, ...]:
     """The distinct external-data locations an ONNX graph names (relative to its file).
 
@@ -770,8 +716,8 @@ def _fill_bundle(
     metadata: Mapping[str, str] | None,
 ) -> VerifiedBundle:
     try:
-        model = _load_graph(graph)
-        locations = _external_locations(model, graph)
+        model = load_graph(graph)
+        locations = external_locations(model, graph)
     except VerificationError as exc:
         raise BundleCreationError(str(exc), code=exc.code, subject=str(graph)) from None
     copies: dict[str, Path] = {}
@@ -879,7 +825,7 @@ def _default_metadata(model: onnx.ModelProto, graph_name: str, inputs_name: str)
         "graph_file": graph_name,
         "example_inputs_file": inputs_name,
         "checkpoint_revision": "unspecified",
-        "precision": infer_precision(model, _model_tensors(model)),
+        "precision": infer_precision(model, model_tensors(model)),
         "layout": "unspecified",
         "exporter": f"omni-edge-studio {runtime.__version__}",
         "calibration": "not applicable",

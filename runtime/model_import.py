@@ -320,8 +320,8 @@ def _graph_pipeline(
 ) -> dict[str, Any]:
     import numpy as np
 
-    from runtime.artifacts import load_graph
     from runtime.errors import VerificationError
+    from runtime.onnx_graph import load_graph
 
     try:
         model = load_graph(source)

@@ -91,6 +91,16 @@ def _outstanding_reservations() -> list[object]:
 
 
 @pytest.fixture(autouse=True)
+def fresh_bundle_checks() -> Iterator[None]:
+    """Each test checks bundles afresh: no sound report of an earlier test stands for hashing."""
+    from runtime.artifacts import forget_bundle_reports
+
+    forget_bundle_reports()
+    yield
+    forget_bundle_reports()
+
+
+@pytest.fixture(autouse=True)
 def no_residue(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail a test that leaves a child process, a shared-memory segment or a reservation."""
     shm_before = _shm_entries()

@@ -16,6 +16,7 @@ import asyncio
 import importlib
 import itertools
 import logging
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -56,7 +57,7 @@ from runtime.devices import (
     load_selection,
     observed_free,
 )
-from runtime.engine.stages import GraphStage, LlmStage, StageHandle
+from runtime.engine.stages import LLM, GraphStage, LlmStage, StageHandle
 from runtime.errors import ExecutionError, OmniError, UsageError
 from runtime.events import EventBus, StageFailed, StageReady, StageStarting
 from runtime.ledger import format_bytes
@@ -82,6 +83,16 @@ _generations = itertools.count(1)
 def next_generation() -> int:
     """A process-wide unique worker generation."""
     return next(_generations)
+
+
+def load_slots() -> int:
+    """How many stages load at once: the cores this process may run on, at least two (a
+    language-model stage and one other)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(2, cores)
 
 
 def _machine_capacities(topology: Topology) -> dict[str, int]:
@@ -229,9 +240,7 @@ class StageRuntime:
                 self.clients.append(handle.client)
             for handle in self.stages:
                 self.events.publish(StageStarting(stage=handle.name, route=handle.route_name))
-            results = await asyncio.gather(
-                *(self._start_stage(handle) for handle in self.stages), return_exceptions=True
-            )
+            results = await self._start_all()
             for handle, result in zip(self.stages, results, strict=True):
                 if isinstance(result, BaseException):
                     if isinstance(result, OmniError):
@@ -241,6 +250,26 @@ class StageRuntime:
             await self.close()
             raise
         return self.stages
+
+    async def _start_all(self) -> list[StageRecord | BaseException]:
+        """Start every stage, each result (or error) in :attr:`stages`' order.
+
+        Loading a stage is CPU work in its worker (imports, verifying and loading its
+        files), so more loads than cores only share the cores: at most
+        :func:`load_slots` stages load at once. The local language-model stages go first,
+        since theirs are the longest loads (seconds of imports and engine build): on a
+        two-core machine chat-speak's model loads beside one speech stage at a time, and
+        the speech stages are ready long before it."""
+        gate = asyncio.Semaphore(load_slots())
+        order = sorted(self.stages, key=lambda handle: handle.kind != LLM)
+
+        async def start(handle: StageHandle) -> StageRecord:
+            async with gate:
+                return await self._start_stage(handle)
+
+        started = await asyncio.gather(*(start(handle) for handle in order), return_exceptions=True)
+        found = {id(handle): result for handle, result in zip(order, started, strict=True)}
+        return [found[id(handle)] for handle in self.stages]
 
     async def _start_stage(self, handle: StageHandle) -> StageRecord:
         """Start one stage; its ready (or failed) event carries the seconds it took."""
