@@ -238,8 +238,6 @@ class StageRuntime:
                 handle = await self._make_stage(stage, found, self._plan.stages[stage.name])
                 self.stages.append(handle)
                 self.clients.append(handle.client)
-            for handle in self.stages:
-                self.events.publish(StageStarting(stage=handle.name, route=handle.route_name))
             results = await self._start_all()
             for handle, result in zip(self.stages, results, strict=True):
                 if isinstance(result, BaseException):
@@ -265,6 +263,8 @@ class StageRuntime:
 
         async def start(handle: StageHandle) -> StageRecord:
             async with gate:
+                # Published as the stage's load begins: one waiting for a slot stays "preparing".
+                self.events.publish(StageStarting(stage=handle.name, route=handle.route_name))
                 return await self._start_stage(handle)
 
         started = await asyncio.gather(*(start(handle) for handle in order), return_exceptions=True)

@@ -14,7 +14,7 @@ import runtime.engine.stage_runtime
 from runtime.config import load_pipeline
 from runtime.devices import DeviceSelection, Topology
 from runtime.engine.stage_runtime import StageRuntime, load_slots
-from runtime.events import Event, EventBus, StageReady, StageWorkerUp
+from runtime.events import Event, EventBus, StageReady, StageStarting, StageWorkerUp
 from runtime.ledger import ResourceLedger
 from tests.runtime.engine.support import StageSpec, write_pipeline
 
@@ -24,7 +24,9 @@ if TYPE_CHECKING:
 
 def _three_stages(demo_root: Path, tmp_path: Path) -> Any:
     one = load_pipeline(
-        write_pipeline(tmp_path / "one.yaml", StageSpec(demo_root / "bundles" / "add" / "manifest.json"))
+        write_pipeline(
+            tmp_path / "one.yaml", StageSpec(demo_root / "bundles" / "add" / "manifest.json")
+        )
     )
     (stage,) = one.stages
     return dataclasses.replace(
@@ -76,13 +78,21 @@ def test_the_language_model_stages_take_the_first_slots(
 ) -> None:
     """The order the slots are taken in, whatever the stages' order in the pipeline."""
     monkeypatch.setattr(runtime.engine.stage_runtime, "load_slots", lambda: 2)
+    events = EventBus()
+    starting: list[str] = []
+    events.subscribe(
+        lambda event: starting.append(event.stage) if isinstance(event, StageStarting) else None
+    )
+    manifest = demo_root / "bundles" / "add" / "manifest.json"
     runtime_ = StageRuntime(
-        load_pipeline(write_pipeline(tmp_path / "p.yaml", StageSpec(demo_root / "bundles" / "add" / "manifest.json"))),
+        load_pipeline(write_pipeline(tmp_path / "p.yaml", StageSpec(manifest))),
         ledger=ResourceLedger(name="load-order"),
-        events=EventBus(),
+        events=events,
     )
     kinds = {"vad": "graph", "asr": "graph", "model": "llm", "voice": "graph", "remote": "llm"}
-    runtime_.stages = [SimpleNamespace(name=name, kind=kind) for name, kind in kinds.items()]  # type: ignore[misc]
+    runtime_.stages = [
+        SimpleNamespace(name=name, kind=kind, route_name="route") for name, kind in kinds.items()
+    ]  # type: ignore[misc]
     began: list[str] = []
     running: list[str] = []
 
@@ -99,6 +109,8 @@ def test_the_language_model_stages_take_the_first_slots(
     monkeypatch.setattr(runtime_, "_start_stage", start_stage)
     results = asyncio.run(runtime_._start_all())
     assert began == ["model", "remote", "vad", "asr", "voice"]
+    # Each stage is announced as starting when its load begins, not while it waits.
+    assert starting == began
     # Each result (or error) stands at its stage's place in the pipeline.
     assert [str(result) for result in results] == [
         "vad ready",
