@@ -443,13 +443,20 @@ class GraphWorker:
         # Every call of the layout has the same inputs' dtypes and shapes: one bucket.
         bucket = self._call_bucket
         if bucket is None:
-            try:
-                bucket = check_call_inputs(arrays, self._buckets, self._max_io_bytes)
-            except WorkerError as refused:
-                self._send_error(message.call_id, refused.code, refused.message, acks=acks)
+            bucket = self._call_bucket = self._checked_bucket(message, arrays, acks)
+            if bucket is None:
                 return
-            self._call_bucket = bucket
         self._run_call(message, dict(arrays), acks, 0, places, bucket)
+
+    def _checked_bucket(
+        self, message: CallMessage, arrays: dict[str, np.ndarray], acks: list[tuple[str, int]]
+    ) -> Bucket | None:
+        """The bucket the call's inputs fit, or None once the call was refused (answered)."""
+        try:
+            return check_call_inputs(arrays, self._buckets, self._max_io_bytes)
+        except WorkerError as refused:
+            self._send_error(message.call_id, refused.code, refused.message, acks=acks)
+            return None
 
     def _run_call(
         self,
@@ -460,14 +467,11 @@ class GraphWorker:
         places: tuple[object, ...] | None,
         bucket: Bucket | None = None,
     ) -> None:
-        """Run a call whose inputs are read (``bucket``: the one they were already checked
-        against) and answer it."""
+        """Run a call whose inputs are read (``bucket``: the one already checked) and answer it."""
         assert self._session is not None
         if bucket is None:
-            try:
-                bucket = check_call_inputs(arrays, self._buckets, self._max_io_bytes)
-            except WorkerError as refused:
-                self._send_error(message.call_id, refused.code, refused.message, acks=acks)
+            bucket = self._checked_bucket(message, arrays, acks)
+            if bucket is None:
                 return
         placed = self._place_outputs(bucket)
         options, self._spare_options = self._spare_options, None
